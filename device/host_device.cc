@@ -1,0 +1,66 @@
+#include "device/host_device.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace asyncckpt {
+
+namespace {
+constexpr size_t kPinnedAlignment = 4096;
+}  // namespace
+
+Status Device::copy_to_host(const void* device_src, void* host_dst, size_t bytes) {
+  auto fence = copy_to_host_async(device_src, host_dst, bytes);
+  if (!fence.ok()) return fence.status();
+  return (*fence)->wait();
+}
+
+std::shared_ptr<Device> HostDevice() {
+  static const std::shared_ptr<Device> device = std::make_shared<HostDeviceImpl>();
+  return device;
+}
+
+Result<PinnedBuffer> HostDeviceImpl::allocate_pinned(size_t bytes) {
+  // Rounded up so O_DIRECT writes of the last block stay inside the allocation.
+  const size_t rounded = (bytes + kPinnedAlignment - 1) / kPinnedAlignment * kPinnedAlignment;
+  void* data = std::aligned_alloc(kPinnedAlignment, rounded == 0 ? kPinnedAlignment : rounded);
+  if (data == nullptr) {
+    return Status::Unavailable("cannot allocate " + std::to_string(bytes) +
+                               " bytes of host staging memory");
+  }
+  return PinnedBuffer(data, bytes, [](void* p) { std::free(p); });
+}
+
+Result<std::unique_ptr<CopyFence>> HostDeviceImpl::copy_to_host_async(const void* device_src,
+                                                                      void* host_dst,
+                                                                      size_t bytes) {
+  if (bytes > 0) std::memcpy(host_dst, device_src, bytes);
+  return std::unique_ptr<CopyFence>(std::make_unique<ReadyFence>());
+}
+
+Status HostDeviceImpl::copy_from_host(const void* host_src, void* device_dst, size_t bytes) {
+  if (bytes > 0) std::memcpy(device_dst, host_src, bytes);
+  return Status::OK();
+}
+
+#ifndef ASYNCCKPT_WITH_CUDA
+bool CudaAvailable() { return false; }
+
+Result<std::shared_ptr<Device>> NewCudaDevice(int ordinal) {
+  return Status::Unavailable("asyncckpt was built without the CUDA device; cannot open cuda:" +
+                             std::to_string(ordinal));
+}
+
+Status SetCudaComputeStream(Device& device, void* cuda_stream) {
+  (void)cuda_stream;
+  return Status::FailedPrecondition("device " + device.name() +
+                                    " is not a CUDA device (this build has no CUDA device)");
+}
+
+Status WaitForCopiesOnComputeStream(Device& device) {
+  return Status::FailedPrecondition("device " + device.name() +
+                                    " is not a CUDA device (this build has no CUDA device)");
+}
+#endif
+
+}  // namespace asyncckpt

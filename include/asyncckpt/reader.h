@@ -1,0 +1,108 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+#include <xtensor/xarray.hpp>
+
+#include "asyncckpt/dtype.h"
+#include "asyncckpt/status.h"
+#include "asyncckpt/tensor.h"
+
+namespace asyncckpt {
+
+/// What the index says about one tensor.
+struct TensorInfo {
+  /// The tensor's name.
+  std::string name;
+  /// Element type.
+  DType dtype = DType::kF32;
+  /// Dimensions.
+  std::vector<int64_t> shape;
+  /// Raw size in bytes.
+  uint64_t bytes = 0;
+  /// Bytes it takes in the data files.
+  uint64_t stored_bytes = 0;
+  /// Number of chunks.
+  uint64_t num_chunks = 0;
+  /// Chunks per codec name ("raw", "zstd", "shuffle+zstd").
+  std::map<std::string, uint64_t> chunks_by_codec;
+};
+
+/// Options for opening a checkpoint.
+struct ReaderOptions {
+  /// Use the POSIX backend even where io_uring works.
+  bool force_posix = false;
+  /// Most reads in flight at once.
+  unsigned queue_depth = 64;
+};
+
+/// What verify() found: OK, or the first damage, naming the file, tensor and chunk.
+struct VerifyReport {
+  /// Chunks whose bytes were read, decoded and checksummed.
+  uint64_t chunks_checked = 0;
+  /// Raw bytes checked.
+  uint64_t bytes_checked = 0;
+  /// Every problem found (empty when the checkpoint is sound).
+  std::vector<std::string> problems;
+};
+
+/// Reads a committed checkpoint. Trusts nothing on disk: every size and offset in the index is
+/// bounded before any allocation or read, and every chunk is checksummed when read.
+/// Thread-safe for concurrent reads.
+class CheckpointReader {
+ public:
+  /// Opens the checkpoint directory at `path` (e.g. /ckpt/model.ckpt-1000) and validates its
+  /// index. NotFound, Corruption (naming the file and what is wrong) or IOError.
+  static Result<std::unique_ptr<CheckpointReader>> Open(const std::string& path,
+                                                        const ReaderOptions& options = {});
+  /// Opens LatestCheckpoint(dir).
+  static Result<std::unique_ptr<CheckpointReader>> OpenLatest(const std::string& dir,
+                                                              const ReaderOptions& options = {});
+  virtual ~CheckpointReader() = default;
+
+  /// The checkpoint directory's path.
+  virtual const std::string& path() const = 0;
+  /// Step, wall time and user key/values.
+  virtual const CheckpointMetadata& metadata() const = 0;
+  /// Every tensor, in name order.
+  virtual const std::vector<TensorInfo>& tensors() const = 0;
+  /// The tensor named `name`, or null.
+  virtual const TensorInfo* find(const std::string& name) const = 0;
+  /// Number of data files.
+  virtual uint32_t num_data_files() const = 0;
+
+  /// Reads tensor `name` into host memory `dst` of `dst_bytes` (must equal the tensor's size),
+  /// verifying every chunk's checksum.
+  virtual Status read(const std::string& name, void* dst, size_t dst_bytes) = 0;
+  /// Restores every tensor of `registry` from the checkpoint: names, dtypes and shapes must
+  /// match; device tensors are written through their device.
+  virtual Status restore(const TensorRegistry& registry) = 0;
+  /// Reads, decodes and checksums every chunk; the report lists all damage found.
+  virtual VerifyReport verify() = 0;
+
+  /// Reads tensor `name` into an xtensor array; InvalidArgument when T does not match its dtype.
+  template <typename T>
+  Result<xt::xarray<T>> read_xarray(const std::string& name);
+};
+
+template <typename T>
+Result<xt::xarray<T>> CheckpointReader::read_xarray(const std::string& name) {
+  const TensorInfo* info = find(name);
+  if (info == nullptr) return Status::NotFound("no tensor named '" + name + "' in " + path());
+  constexpr auto wanted = DTypeOf<T>();
+  if (!wanted || *wanted != info->dtype) {
+    return Status::InvalidArgument("tensor '" + name + "' has dtype " +
+                                   std::string(DTypeName(info->dtype)) +
+                                   ", which does not match the requested element type");
+  }
+  std::vector<size_t> shape(info->shape.begin(), info->shape.end());
+  xt::xarray<T> out(shape);
+  Status status = read(name, out.data(), out.size() * sizeof(T));
+  if (!status.ok()) return status;
+  return out;
+}
+
+}  // namespace asyncckpt

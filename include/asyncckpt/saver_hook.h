@@ -1,0 +1,211 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "asyncckpt/compression.h"
+#include "asyncckpt/hooks.h"
+#include "asyncckpt/status.h"
+#include "asyncckpt/tensor.h"
+#include "asyncckpt/timer.h"
+
+namespace asyncckpt {
+
+/// What the asynchronous hook does when a save is due while staging memory is still held by
+/// earlier saves.
+enum class OnBusy {
+  /// Block the training thread until staging frees up (no save is ever dropped).
+  kWait,
+  /// Skip this save, count it, and try again at the next trigger.
+  kSkip,
+};
+
+/// What the asynchronous hook does when a background save fails.
+enum class OnError {
+  /// Request a stop at the next after_run; end() reports the failure.
+  kStop,
+  /// Log it, count it, and keep training.
+  kContinue,
+};
+
+/// Options shared by CheckpointSaverHook and AsyncCheckpointSaverHook. Validated once by the
+/// hooks' Create().
+struct SaverOptions {
+  /// Directory holding the checkpoints and the `checkpoint` state file; created if missing.
+  std::string checkpoint_dir;
+  /// Save every N global steps (exactly one of save_steps / save_secs).
+  std::optional<int64_t> save_steps;
+  /// Save every N seconds (exactly one of save_steps / save_secs).
+  std::optional<double> save_secs;
+  /// Checkpoints are named "<basename>-<step>"; a plain name, no '/'.
+  std::string basename = "model.ckpt";
+  /// Keep the newest N checkpoints; 0 keeps all.
+  int max_to_keep = 5;
+  /// Of the checkpoints that fall out of max_to_keep, keep one every N hours (0 = none).
+  double keep_checkpoint_every_n_hours = 0;
+  /// Tensors are cut into chunks of at most this many bytes (rounded to whole elements).
+  uint64_t chunk_bytes = 4ull << 20;
+  /// Number of data files each checkpoint is spread over (written concurrently).
+  uint32_t num_data_files = 2;
+  /// Codec and level.
+  CompressionOptions compression;
+  /// Extra key/values stored in every checkpoint's metadata.
+  std::map<std::string, std::string> user_metadata;
+  /// Asynchronous hook: pinned staging budget in bytes; 0 means one full snapshot of the state.
+  uint64_t staging_bytes = 0;
+  /// Asynchronous hook: what to do when a save is due and staging is busy.
+  OnBusy on_busy = OnBusy::kWait;
+  /// Asynchronous hook: what to do when a background save fails.
+  OnError on_error = OnError::kStop;
+  /// Asynchronous hook: threads of the background arena; 0 = the machine's cores.
+  unsigned background_threads = 0;
+  /// Most I/O requests in flight per batch.
+  unsigned queue_depth = 64;
+  /// Asynchronous hook, CUDA state: return from a save as soon as the copies are enqueued
+  /// (stream-ordered mode); set the compute stream first with SetCudaComputeStream.
+  bool cuda_stream_ordered = false;
+  /// Write data files with O_DIRECT where the file system allows it.
+  bool use_o_direct = false;
+  /// Use the POSIX I/O backend even where io_uring works.
+  bool force_posix_io = false;
+  /// Time source for save_secs and retention (tests use a fake clock).
+  Clock clock = SystemClockSeconds;
+};
+
+/// InvalidArgument naming the first bad field, worded like TensorFlow's messages.
+Status ValidateSaverOptions(const SaverOptions& options);
+
+/// What one save did. Times in seconds.
+struct SaveStats {
+  /// The global step saved.
+  int64_t step = 0;
+  /// The committed checkpoint's path (empty when the save failed).
+  std::string path;
+  /// OK, or why the save failed (nothing was committed then).
+  Status status;
+  /// Bytes of tensor data.
+  uint64_t bytes_raw = 0;
+  /// Bytes written to data files.
+  uint64_t bytes_stored = 0;
+  /// Chunks written, per codec name ("raw", "zstd", "shuffle+zstd").
+  std::map<std::string, uint64_t> chunks_by_codec;
+  /// zstd level used at the end of the save (the async engine may lower it under load).
+  int final_level = 0;
+  /// Time the training thread was blocked by this save.
+  double blocked_seconds = 0;
+  /// From the start of the save until it was durable and committed.
+  double seconds_to_durable = 0;
+};
+
+/// Observes saves (TensorFlow's CheckpointSaverListener). Called on the training thread for the
+/// synchronous hook; for the asynchronous hook after_save comes from the background commit.
+class CheckpointSaverListener {
+ public:
+  virtual ~CheckpointSaverListener() = default;
+  /// Once, from the hook's begin().
+  virtual void begin() {}
+  /// Before a save of `step` starts.
+  virtual void before_save(int64_t step) { (void)step; }
+  /// After a save of `step` finished (stats.status says whether it succeeded). Returning true
+  /// asks the training loop to stop.
+  virtual bool after_save(int64_t step, const SaveStats& stats) {
+    (void)step;
+    (void)stats;
+    return false;
+  }
+  /// Once, from the hook's end(), after the last save.
+  virtual void end(int64_t step) { (void)step; }
+};
+
+/// Totals over a hook's life.
+struct SaverTotals {
+  /// Saves that committed.
+  int64_t saves_committed = 0;
+  /// Saves that failed.
+  int64_t saves_failed = 0;
+  /// Saves skipped because staging was busy (OnBusy::kSkip).
+  int64_t saves_skipped = 0;
+  /// Sum and maximum of blocked seconds.
+  double blocked_seconds_total = 0;
+  /// Longest single block of the training thread by one save.
+  double blocked_seconds_max = 0;
+  /// Bytes of tensor data saved and bytes written.
+  uint64_t bytes_raw = 0;
+  /// Bytes written to data files.
+  uint64_t bytes_stored = 0;
+  /// Most pinned staging memory in use at once.
+  uint64_t staging_high_water_bytes = 0;
+  /// Temporary directories of interrupted saves removed at begin().
+  std::vector<std::string> stale_temporaries_removed;
+  /// Every save's stats, in step order.
+  std::vector<SaveStats> saves;
+};
+
+/// Saves the registry on the training thread (the baseline the asynchronous hook must beat):
+/// at after_create_session, at each trigger, and at end() when the last step was not saved.
+/// The registry and listeners are borrowed and must outlive the hook. A failed save fails the
+/// session with its status; earlier checkpoints are untouched.
+class CheckpointSaverHook : public SessionRunHook {
+ public:
+  /// Validates the options (InvalidArgument naming the problem).
+  static Result<std::unique_ptr<CheckpointSaverHook>> Create(
+      SaverOptions options, const TensorRegistry* registry,
+      std::vector<CheckpointSaverListener*> listeners = {});
+  ~CheckpointSaverHook() override;
+
+  Status begin() override;
+  Status after_create_session(int64_t global_step) override;
+  Status after_run(RunContext& context, const RunValues& values) override;
+  Status end(int64_t global_step) override;
+
+  /// Totals so far.
+  SaverTotals totals() const;
+
+  /// Internal state (defined in the source file).
+  class Impl;
+
+ private:
+  explicit CheckpointSaverHook(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Saves the registry without making the training loop wait for the disk: at a save the
+/// training thread is blocked only while the state is copied into pinned staging memory (not at
+/// all in CUDA stream-ordered mode); compression, writing and the commit run on a background
+/// oneTBB flow graph while the next steps run. Same save points and listeners as
+/// CheckpointSaverHook; after_save comes from the background thread that committed the save.
+/// A background failure reaches the loop at the next after_run as options.on_error says.
+/// end() returns only once every save is durable and committed (or failed).
+class AsyncCheckpointSaverHook : public SessionRunHook {
+ public:
+  /// Validates the options (InvalidArgument naming the problem).
+  static Result<std::unique_ptr<AsyncCheckpointSaverHook>> Create(
+      SaverOptions options, const TensorRegistry* registry,
+      std::vector<CheckpointSaverListener*> listeners = {});
+  /// Waits for the saves still in flight.
+  ~AsyncCheckpointSaverHook() override;
+
+  Status begin() override;
+  Status after_create_session(int64_t global_step) override;
+  Status after_run(RunContext& context, const RunValues& values) override;
+  Status end(int64_t global_step) override;
+
+  /// Blocks until every save submitted so far is committed or failed; the first failure not yet
+  /// reported.
+  Status wait_until_saved();
+  /// Totals so far (thread-safe).
+  SaverTotals totals() const;
+
+  /// Internal state (defined in the source file).
+  class Impl;
+
+ private:
+  explicit AsyncCheckpointSaverHook(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace asyncckpt

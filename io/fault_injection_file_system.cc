@@ -1,0 +1,333 @@
+#include "io/fault_injection_file_system.h"
+
+#include <cerrno>
+#include <utility>
+
+#include "io/posix_file_system.h"
+
+namespace asyncckpt::io {
+
+// What the crash simulation knows about one file; every field guarded by the wrapper's mu_.
+struct FaultInjectionFileSystem::FileState {
+  std::string path;          // where the file is now (follows renames)
+  bool dirty = false;        // written or truncated since the last sync
+  bool synced = false;       // synced at least once
+  uint64_t synced_size = 0;  // its length at the last sync
+  uint64_t writes = 0;       // bumped by every write, to spot writes racing a sync
+};
+
+class FaultInjectionFileSystem::FaultFile final : public File {
+ public:
+  FaultFile(FaultInjectionFileSystem* fs, std::unique_ptr<File> inner,
+            std::shared_ptr<FileState> state)
+      : fs_(fs), inner_(std::move(inner)), state_(std::move(state)) {}
+
+  File* inner() const { return inner_.get(); }
+  // Null for a file opened read-only: nothing to roll back.
+  FileState* state() const { return state_.get(); }
+
+  const std::string& path() const override { return inner_->path(); }
+  bool is_direct() const override { return inner_->is_direct(); }
+  int fd() const override { return -1; }
+  IoStatus size(uint64_t* bytes) override { return inner_->size(bytes); }
+
+  IoStatus write_at(uint64_t offset, const void* data, size_t n) override {
+    IoStatus s = fs_->Check(FaultOp::kWrite, "write", DescribeOffset(path(), offset), {path()});
+    if (!s.ok()) return s;
+    if (state_ != nullptr) fs_->MarkDirty(*state_);
+    return inner_->write_at(offset, data, n);
+  }
+
+  IoStatus read_at(uint64_t offset, void* data, size_t n) override {
+    IoStatus s = fs_->Check(FaultOp::kRead, "read", DescribeOffset(path(), offset), {path()});
+    if (!s.ok()) return s;
+    return inner_->read_at(offset, data, n);
+  }
+
+  IoStatus truncate(uint64_t bytes) override {
+    IoStatus s = fs_->Check(FaultOp::kTruncate, "truncate", path(), {path()});
+    if (!s.ok()) return s;
+    if (state_ != nullptr) fs_->MarkDirty(*state_);
+    return inner_->truncate(bytes);
+  }
+
+  IoStatus sync() override {
+    IoStatus s = fs_->Check(FaultOp::kSync, "sync", path(), {path()});
+    if (!s.ok() || state_ == nullptr) return s.ok() ? inner_->sync() : s;
+    uint64_t writes_before;
+    {
+      std::lock_guard<std::mutex> lock(fs_->mu_);
+      writes_before = state_->writes;
+    }
+    if (s = inner_->sync(); !s.ok()) return s;
+    uint64_t bytes = 0;
+    if (s = inner_->size(&bytes); !s.ok()) return s;
+    std::lock_guard<std::mutex> lock(fs_->mu_);
+    state_->synced = true;
+    state_->synced_size = bytes;
+    // A write that raced this sync may not be durable: keep the file dirty then.
+    if (state_->writes == writes_before) state_->dirty = false;
+    return IoStatus::Ok();
+  }
+
+ private:
+  FaultInjectionFileSystem* fs_;
+  std::unique_ptr<File> inner_;
+  std::shared_ptr<FileState> state_;
+};
+
+namespace {
+
+bool IsUnder(const std::string& path, const std::string& dir) {
+  return path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 &&
+         path[dir.size()] == '/';
+}
+
+}  // namespace
+
+FaultInjectionFileSystem::FaultInjectionFileSystem(FileSystem* target)
+    : FileSystemWrapper(target) {}
+
+FaultInjectionFileSystem::~FaultInjectionFileSystem() = default;
+
+std::string FaultInjectionFileSystem::name() const {
+  return "fault_injection(" + target()->name() + ")";
+}
+
+IoStatus FaultInjectionFileSystem::Check(FaultOp op, std::string_view verb,
+                                         std::string_view subject,
+                                         std::initializer_list<std::string_view> paths) {
+  int error_number = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++count_;
+    if (fail_at_ != 0 && count_ >= fail_at_) {
+      error_number = fail_after_errno_;
+    } else {
+      for (const Rule& rule : rules_) {
+        if ((static_cast<uint32_t>(rule.ops) & static_cast<uint32_t>(op)) == 0) continue;
+        for (std::string_view path : paths) {
+          if (path.find(rule.path_substring) != std::string_view::npos) {
+            error_number = rule.errno_value;
+            break;
+          }
+        }
+        if (error_number != 0) break;
+      }
+    }
+  }
+  if (error_number == 0) return IoStatus::Ok();
+  return IoStatus(error_number,
+                  IoStatus::FromErrno(error_number, verb, subject).message() + " (injected fault)");
+}
+
+void FaultInjectionFileSystem::fail_after(uint64_t n, int errno_value) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_at_ = count_ + (n == 0 ? 1 : n);
+  fail_after_errno_ = errno_value;
+}
+
+void FaultInjectionFileSystem::fail_ops_matching(std::string path_substring, int errno_value,
+                                                 FaultOp ops) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rules_.push_back({std::move(path_substring), errno_value, ops});
+}
+
+void FaultInjectionFileSystem::clear_faults() {
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_at_ = 0;
+  fail_after_errno_ = 0;
+  rules_.clear();
+}
+
+uint64_t FaultInjectionFileSystem::operation_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return count_;
+}
+
+std::shared_ptr<FaultInjectionFileSystem::FileState> FaultInjectionFileSystem::TrackFile(
+    const std::string& path, bool truncated) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::shared_ptr<FileState>& state = files_[path];
+  if (state == nullptr) {
+    state = std::make_shared<FileState>();
+    state->path = path;
+  }
+  if (truncated) {
+    state->dirty = true;
+    ++state->writes;
+  }
+  return state;
+}
+
+void FaultInjectionFileSystem::MarkDirty(FileState& state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  state.dirty = true;
+  ++state.writes;
+}
+
+IoStatus FaultInjectionFileSystem::open(const std::string& path, const OpenOptions& options,
+                                        std::unique_ptr<File>* file) {
+  if (IoStatus s = Check(FaultOp::kOpen, "open", path, {path}); !s.ok()) return s;
+  std::unique_ptr<File> inner;
+  if (IoStatus s = target()->open(path, options, &inner); !s.ok()) return s;
+  std::shared_ptr<FileState> state;
+  if (options.write) state = TrackFile(path, options.truncate);
+  *file = std::make_unique<FaultFile>(this, std::move(inner), std::move(state));
+  return IoStatus::Ok();
+}
+
+template <typename Op>
+IoStatus FaultInjectionFileSystem::RunBatch(std::span<const Op> ops, FaultOp kind, const char* verb,
+                                            IoStatus (FileSystem::*batch)(std::span<const Op>)) {
+  std::vector<Op> inner_ops;
+  inner_ops.reserve(ops.size());
+  IoStatus fault;
+  for (const Op& op : ops) {
+    auto* wrapped = dynamic_cast<FaultFile*>(op.file);
+    if (op.file != nullptr) {
+      const std::string& path = op.file->path();
+      fault = Check(kind, verb, DescribeOffset(path, op.offset), {path});
+      if (!fault.ok()) break;
+    }
+    Op inner = op;
+    if (wrapped != nullptr) {
+      inner.file = wrapped->inner();
+      if (kind == FaultOp::kWrite && wrapped->state() != nullptr) MarkDirty(*wrapped->state());
+    }
+    inner_ops.push_back(inner);
+  }
+  if (!inner_ops.empty()) {
+    if (IoStatus s = (target()->*batch)(inner_ops); !s.ok()) return s;
+  }
+  return fault;
+}
+
+IoStatus FaultInjectionFileSystem::write_batch(std::span<const WriteOp> ops) {
+  return RunBatch<WriteOp>(ops, FaultOp::kWrite, "write", &FileSystem::write_batch);
+}
+
+IoStatus FaultInjectionFileSystem::read_batch(std::span<const ReadOp> ops) {
+  return RunBatch<ReadOp>(ops, FaultOp::kRead, "read", &FileSystem::read_batch);
+}
+
+IoStatus FaultInjectionFileSystem::create_dir(const std::string& path) {
+  if (IoStatus s = Check(FaultOp::kCreateDir, "create directory", path, {path}); !s.ok()) {
+    return s;
+  }
+  return target()->create_dir(path);
+}
+
+IoStatus FaultInjectionFileSystem::create_dirs(const std::string& path) {
+  if (IoStatus s = Check(FaultOp::kCreateDir, "create directory", path, {path}); !s.ok()) {
+    return s;
+  }
+  return target()->create_dirs(path);
+}
+
+void FaultInjectionFileSystem::ForgetPaths(const std::string& path) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = files_.begin(); it != files_.end();) {
+    if (it->first == path || IsUnder(it->first, path)) {
+      // An open File keeps its state object; it just no longer takes part in crashes.
+      it->second->dirty = false;
+      it = files_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+IoStatus FaultInjectionFileSystem::remove_file(const std::string& path) {
+  if (IoStatus s = Check(FaultOp::kRemove, "remove file", path, {path}); !s.ok()) return s;
+  IoStatus s = target()->remove_file(path);
+  if (s.ok()) ForgetPaths(path);
+  return s;
+}
+
+IoStatus FaultInjectionFileSystem::remove_tree(const std::string& path) {
+  if (IoStatus s = Check(FaultOp::kRemove, "remove tree", path, {path}); !s.ok()) return s;
+  IoStatus s = target()->remove_tree(path);
+  if (s.ok()) ForgetPaths(path);
+  return s;
+}
+
+void FaultInjectionFileSystem::MovePathsLocked(
+    const std::string& from, const std::string& to,
+    std::map<std::string, std::shared_ptr<FileState>>* moved) {
+  for (auto it = files_.begin(); it != files_.end();) {
+    if (it->first == from || IsUnder(it->first, from)) {
+      std::string new_path = to + it->first.substr(from.size());
+      it->second->path = new_path;
+      (*moved)[new_path] = std::move(it->second);
+      it = files_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+IoStatus FaultInjectionFileSystem::rename(const std::string& from, const std::string& to) {
+  if (IoStatus s = Check(FaultOp::kRename, "rename", from + " to " + to, {from, to}); !s.ok()) {
+    return s;
+  }
+  IoStatus s = target()->rename(from, to);
+  if (!s.ok()) return s;
+  ForgetPaths(to);  // what `to` named before was replaced
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, std::shared_ptr<FileState>> moved;
+  MovePathsLocked(from, to, &moved);
+  files_.merge(moved);
+  return IoStatus::Ok();
+}
+
+IoStatus FaultInjectionFileSystem::exchange(const std::string& a, const std::string& b) {
+  if (IoStatus s = Check(FaultOp::kRename, "exchange", a + " with " + b, {a, b}); !s.ok()) {
+    return s;
+  }
+  IoStatus s = target()->exchange(a, b);
+  if (!s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  std::map<std::string, std::shared_ptr<FileState>> moved;
+  MovePathsLocked(a, b, &moved);
+  MovePathsLocked(b, a, &moved);
+  files_.merge(moved);
+  return IoStatus::Ok();
+}
+
+IoStatus FaultInjectionFileSystem::sync_dir(const std::string& path) {
+  if (IoStatus s = Check(FaultOp::kSyncDir, "sync directory", path, {path}); !s.ok()) return s;
+  return target()->sync_dir(path);
+}
+
+IoStatus FaultInjectionFileSystem::drop_unsynced_data() {
+  std::lock_guard<std::mutex> lock(mu_);
+  IoStatus first_error;
+  for (auto it = files_.begin(); it != files_.end();) {
+    FileState& state = *it->second;
+    if (!state.dirty) {
+      ++it;
+      continue;
+    }
+    IoStatus s;
+    if (state.synced) {
+      std::unique_ptr<File> file;
+      OpenOptions options;
+      options.write = true;
+      s = target()->open(state.path, options, &file);
+      if (s.ok()) s = file->truncate(state.synced_size);
+    } else {
+      s = target()->remove_file(state.path);
+    }
+    if (!s.ok() && s.error_number() != ENOENT && first_error.ok()) first_error = std::move(s);
+    state.dirty = false;
+    if (state.synced) {
+      ++it;
+    } else {
+      it = files_.erase(it);
+    }
+  }
+  return first_error;
+}
+
+}  // namespace asyncckpt::io

@@ -1,0 +1,123 @@
+#pragma once
+
+// A FileSystemWrapper for tests: fails chosen operations with a chosen errno, and simulates a
+// crash by forgetting file data that was never synced, so crash tests run in-process.
+// In the spirit of leveldb's fault-injection env and RocksDB's FaultInjectionTestFS.
+
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "io/file_system.h"
+
+namespace asyncckpt::io {
+
+/// The kinds of operation a fault can target; combine with `|`.
+enum class FaultOp : uint32_t {
+  kOpen = 1u << 0,       ///< FileSystem::open
+  kWrite = 1u << 1,      ///< File::write_at and each op of write_batch
+  kRead = 1u << 2,       ///< File::read_at and each op of read_batch
+  kSync = 1u << 3,       ///< File::sync
+  kTruncate = 1u << 4,   ///< File::truncate
+  kCreateDir = 1u << 5,  ///< create_dir, create_dirs
+  kRemove = 1u << 6,     ///< remove_file, remove_tree
+  kRename = 1u << 7,     ///< rename, exchange (either path may match)
+  kSyncDir = 1u << 8,    ///< sync_dir
+  kAll = (1u << 9) - 1,  ///< every counted operation
+};
+
+/// The union of two sets of operation kinds.
+constexpr FaultOp operator|(FaultOp a, FaultOp b) {
+  return static_cast<FaultOp>(static_cast<uint32_t>(a) | static_cast<uint32_t>(b));
+}
+
+/// Injects faults into the operations it forwards to its target.
+///
+/// Counted operations are the ones FaultOp lists; list_dir, stat, file_size and File::size
+/// pass through uncounted and never fail by injection. An injected failure touches nothing
+/// underneath and reads "<op> <path>[ at offset N]: <strerror> (injected fault)". In a batch
+/// each op is counted in order; the ops before the first injected failure are performed
+/// (through the target's batch), the rest are neither performed nor counted.
+///
+/// Crash simulation: the wrapper tracks, per file opened for writing through it, whether it
+/// was written (or truncated) since its last File::sync() and how long it was then.
+/// drop_unsynced_data() truncates each such file back to that length, or removes it when it
+/// was never synced. Limitations: creates, renames, removals and directory syncs are never
+/// rolled back (tracking follows renames and forgets removed paths); bytes overwritten inside
+/// the synced length are not restored; paths are compared as spelled, so use one spelling.
+///
+/// Thread-safe. Files it opens wrap the target's File, report fd() == -1 (so that a backend
+/// given one in a batch goes through write_at/read_at and the faults apply), and must not
+/// outlive the wrapper.
+class FaultInjectionFileSystem final : public FileSystemWrapper {
+ public:
+  /// Wraps target (not owned; must outlive the wrapper).
+  explicit FaultInjectionFileSystem(FileSystem* target);
+  ~FaultInjectionFileSystem() override;
+
+  /// "fault_injection(<target's name>)".
+  std::string name() const override;
+  IoStatus open(const std::string& path, const OpenOptions& options,
+                std::unique_ptr<File>* file) override;
+  IoStatus write_batch(std::span<const WriteOp> ops) override;
+  IoStatus read_batch(std::span<const ReadOp> ops) override;
+  IoStatus create_dir(const std::string& path) override;
+  IoStatus create_dirs(const std::string& path) override;
+  IoStatus remove_file(const std::string& path) override;
+  IoStatus remove_tree(const std::string& path) override;
+  IoStatus rename(const std::string& from, const std::string& to) override;
+  IoStatus exchange(const std::string& a, const std::string& b) override;
+  IoStatus sync_dir(const std::string& path) override;
+
+  /// The n-th counted operation from now (n = 1: the next one; 0 counts as 1) and every
+  /// later one fail with errno_value, until clear_faults().
+  void fail_after(uint64_t n, int errno_value);
+  /// Operations of a kind in `ops` whose path contains path_substring (empty: any path) fail
+  /// with errno_value, until clear_faults(). Rules add up; the first match wins.
+  void fail_ops_matching(std::string path_substring, int errno_value, FaultOp ops = FaultOp::kAll);
+  /// Removes every fault; counting goes on.
+  void clear_faults();
+  /// Counted operations since construction, failed ones included.
+  uint64_t operation_count() const;
+  /// Simulates a crash (see the class comment); call it once the code under test no longer
+  /// uses its files. Returns the first failure to truncate or remove, after trying them all.
+  IoStatus drop_unsynced_data();
+
+ private:
+  class FaultFile;
+  struct FileState;
+  struct Rule {
+    std::string path_substring;
+    int errno_value;
+    FaultOp ops;
+  };
+
+  // Counts one operation and returns the injected failure for it, if any. `subject` is what
+  // the message names ("<path> at offset N"); `paths` are what rules match against.
+  IoStatus Check(FaultOp op, std::string_view verb, std::string_view subject,
+                 std::initializer_list<std::string_view> paths);
+  std::shared_ptr<FileState> TrackFile(const std::string& path, bool truncated);
+  void MarkDirty(FileState& state);
+  // Moves tracking of `from` (a file, or a directory and everything below) to `to`.
+  void MovePathsLocked(const std::string& from, const std::string& to,
+                       std::map<std::string, std::shared_ptr<FileState>>* moved);
+  void ForgetPaths(const std::string& path);
+  template <typename Op>
+  IoStatus RunBatch(std::span<const Op> ops, FaultOp kind, const char* verb,
+                    IoStatus (FileSystem::*batch)(std::span<const Op>));
+
+  mutable std::mutex mu_;
+  uint64_t count_ = 0;        // guarded by mu_
+  uint64_t fail_at_ = 0;      // guarded by mu_; 0: no fail_after fault
+  int fail_after_errno_ = 0;  // guarded by mu_
+  std::vector<Rule> rules_;   // guarded by mu_
+  std::map<std::string, std::shared_ptr<FileState>> files_;  // guarded by mu_; by current path
+};
+
+}  // namespace asyncckpt::io

@@ -1,0 +1,191 @@
+#pragma once
+
+// The one seam between asyncckpt and the operating system's files. Everything in src/ that
+// touches a file goes through a FileSystem, so tests can put faults in its way.
+//
+// io/ includes only the standard library and liburing: it reports failures with its own
+// IoStatus (an errno and a message naming the operation and the path), which src/ turns into
+// an asyncckpt::Status in one place (src/util/io_status.h).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace asyncckpt::io {
+
+/// The outcome of an I/O call: errno 0 on success, else the errno and a message such as
+/// "write /ckpt/x/data-00000-of-00002 at offset 4096: No space left on device".
+class [[nodiscard]] IoStatus {
+ public:
+  /// Success.
+  IoStatus() = default;
+  /// A failure with an errno value and a full message.
+  IoStatus(int error_number, std::string message) : errno_(error_number), message_(std::move(message)) {}
+  /// Success.
+  static IoStatus Ok() { return IoStatus(); }
+  /// A failure of `op` on `path`, message built from strerror(error_number).
+  static IoStatus FromErrno(int error_number, std::string_view op, std::string_view path);
+  /// True on success.
+  bool ok() const { return errno_ == 0; }
+  /// The errno value; 0 on success.
+  int error_number() const { return errno_; }
+  /// The message; empty on success.
+  const std::string& message() const { return message_; }
+
+ private:
+  int errno_ = 0;
+  std::string message_;
+};
+
+/// How to open a file.
+struct OpenOptions {
+  /// Open for writing (else read-only).
+  bool write = false;
+  /// Create the file when missing (needs write).
+  bool create = false;
+  /// Truncate to zero on open (needs write).
+  bool truncate = false;
+  /// Ask for O_DIRECT. When the file system refuses it, the file is opened buffered and
+  /// File::is_direct() says so. Direct files need 4096-aligned buffers, offsets and lengths.
+  bool direct = false;
+};
+
+/// An open file. Closed by the destructor. Calls on one File may come from several threads
+/// (positional I/O only, no shared cursor).
+class File {
+ public:
+  virtual ~File() = default;
+  /// The path it was opened with.
+  virtual const std::string& path() const = 0;
+  /// True when opened with O_DIRECT.
+  virtual bool is_direct() const = 0;
+  /// Writes all n bytes at offset (short writes are continued; EINTR/EAGAIN retried).
+  virtual IoStatus write_at(uint64_t offset, const void* data, size_t n) = 0;
+  /// Reads exactly n bytes at offset; reading past the end is an error (EIO, "unexpected end of file").
+  virtual IoStatus read_at(uint64_t offset, void* data, size_t n) = 0;
+  /// Makes written data durable (fdatasync).
+  virtual IoStatus sync() = 0;
+  /// The current size in bytes.
+  virtual IoStatus size(uint64_t* bytes) = 0;
+  /// Sets the size (used to trim padding written for O_DIRECT).
+  virtual IoStatus truncate(uint64_t bytes) = 0;
+  /// The raw descriptor, for backends that submit I/O themselves; -1 if there is none.
+  virtual int fd() const = 0;
+};
+
+/// One positional write in a batch. The buffer and the file stay alive until the batch returns.
+struct WriteOp {
+  File* file = nullptr;
+  uint64_t offset = 0;
+  const void* data = nullptr;
+  size_t length = 0;
+};
+
+/// One positional read in a batch. The buffer and the file stay alive until the batch returns.
+struct ReadOp {
+  File* file = nullptr;
+  uint64_t offset = 0;
+  void* data = nullptr;
+  size_t length = 0;
+};
+
+/// Files and directories. Implementations are thread-safe.
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+  /// "posix", "io_uring", or a wrapper's name.
+  virtual std::string name() const = 0;
+  /// Opens (and maybe creates) a file.
+  virtual IoStatus open(const std::string& path, const OpenOptions& options,
+                        std::unique_ptr<File>* file) = 0;
+  /// Performs every write; returns the first failure after all submitted ones finished.
+  virtual IoStatus write_batch(std::span<const WriteOp> ops) = 0;
+  /// Performs every read (each exactly its length); returns the first failure.
+  virtual IoStatus read_batch(std::span<const ReadOp> ops) = 0;
+  /// Creates one directory; EEXIST is a failure.
+  virtual IoStatus create_dir(const std::string& path) = 0;
+  /// Creates a directory and its missing parents; existing ones are fine.
+  virtual IoStatus create_dirs(const std::string& path) = 0;
+  /// Removes a file.
+  virtual IoStatus remove_file(const std::string& path) = 0;
+  /// Removes a directory and everything below it (no symlinks followed).
+  virtual IoStatus remove_tree(const std::string& path) = 0;
+  /// Renames; replaces `to` if it is a file or an empty directory.
+  virtual IoStatus rename(const std::string& from, const std::string& to) = 0;
+  /// Atomically swaps two existing paths (renameat2 RENAME_EXCHANGE); ENOSYS/EINVAL where the
+  /// kernel or file system cannot.
+  virtual IoStatus exchange(const std::string& a, const std::string& b) = 0;
+  /// The names in a directory (no "." or ".."), unsorted.
+  virtual IoStatus list_dir(const std::string& path, std::vector<std::string>* names) = 0;
+  /// Makes a directory's entries durable (fsync on the directory).
+  virtual IoStatus sync_dir(const std::string& path) = 0;
+  /// Whether a path exists and is a directory; ENOENT is not an error (both false).
+  virtual IoStatus stat(const std::string& path, bool* exists, bool* is_dir) = 0;
+  /// The size of a file.
+  virtual IoStatus file_size(const std::string& path, uint64_t* bytes) = 0;
+};
+
+/// Forwards every call to a target; decorators derive from it and override what they change.
+class FileSystemWrapper : public FileSystem {
+ public:
+  /// Wraps target (not owned; must outlive the wrapper).
+  explicit FileSystemWrapper(FileSystem* target) : target_(target) {}
+  std::string name() const override { return target_->name(); }
+  IoStatus open(const std::string& path, const OpenOptions& options,
+                std::unique_ptr<File>* file) override {
+    return target_->open(path, options, file);
+  }
+  IoStatus write_batch(std::span<const WriteOp> ops) override { return target_->write_batch(ops); }
+  IoStatus read_batch(std::span<const ReadOp> ops) override { return target_->read_batch(ops); }
+  IoStatus create_dir(const std::string& path) override { return target_->create_dir(path); }
+  IoStatus create_dirs(const std::string& path) override { return target_->create_dirs(path); }
+  IoStatus remove_file(const std::string& path) override { return target_->remove_file(path); }
+  IoStatus remove_tree(const std::string& path) override { return target_->remove_tree(path); }
+  IoStatus rename(const std::string& from, const std::string& to) override {
+    return target_->rename(from, to);
+  }
+  IoStatus exchange(const std::string& a, const std::string& b) override {
+    return target_->exchange(a, b);
+  }
+  IoStatus list_dir(const std::string& path, std::vector<std::string>* names) override {
+    return target_->list_dir(path, names);
+  }
+  IoStatus sync_dir(const std::string& path) override { return target_->sync_dir(path); }
+  IoStatus stat(const std::string& path, bool* exists, bool* is_dir) override {
+    return target_->stat(path, exists, is_dir);
+  }
+  IoStatus file_size(const std::string& path, uint64_t* bytes) override {
+    return target_->file_size(path, bytes);
+  }
+
+ protected:
+  FileSystem* target() const { return target_; }
+
+ private:
+  FileSystem* target_;
+};
+
+/// Options for choosing and tuning a backend.
+struct IoOptions {
+  /// Most requests in flight in one io_uring batch.
+  unsigned queue_depth = 64;
+  /// Skip io_uring and use the POSIX backend.
+  bool force_posix = false;
+};
+
+/// The plain POSIX backend (pread/pwrite loops).
+std::unique_ptr<FileSystem> NewPosixFileSystem();
+
+/// The io_uring backend, or null with *why set when a ring cannot be set up here.
+std::unique_ptr<FileSystem> NewUringFileSystem(const IoOptions& options, std::string* why);
+
+/// io_uring when a ring can be set up, else POSIX; *fallback_reason says why when it fell back
+/// (empty otherwise), so the caller can log one line.
+std::unique_ptr<FileSystem> NewDefaultFileSystem(const IoOptions& options,
+                                                 std::string* fallback_reason);
+
+}  // namespace asyncckpt::io

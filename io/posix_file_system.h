@@ -1,0 +1,80 @@
+#pragma once
+
+// The POSIX backend: open/pread/pwrite/fdatasync on plain descriptors. The io_uring backend
+// reuses its files and its directory operations and replaces only the batch calls.
+//
+// Internal to io/ and its users in src/: callers normally reach it through
+// NewPosixFileSystem() or NewDefaultFileSystem().
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "io/file_system.h"
+
+namespace asyncckpt::io {
+
+/// "<path> at offset <offset>", the subject of an I/O failure message.
+std::string DescribeOffset(const std::string& path, uint64_t offset);
+
+/// EIO for a read that reached the end of `path` after `got` of `want` bytes at `offset`;
+/// the message contains "unexpected end of file".
+IoStatus UnexpectedEndOfFile(const std::string& path, uint64_t offset, size_t got, size_t want);
+
+/// A file on an open descriptor, closed by the destructor. Thread-safe: only positional I/O.
+class PosixFile final : public File {
+ public:
+  /// Takes ownership of fd.
+  PosixFile(std::string path, int fd, bool direct);
+  ~PosixFile() override;
+  PosixFile(const PosixFile&) = delete;
+  PosixFile& operator=(const PosixFile&) = delete;
+
+  const std::string& path() const override { return path_; }
+  bool is_direct() const override { return direct_; }
+  IoStatus write_at(uint64_t offset, const void* data, size_t n) override;
+  IoStatus read_at(uint64_t offset, void* data, size_t n) override;
+  IoStatus sync() override;
+  IoStatus size(uint64_t* bytes) override;
+  IoStatus truncate(uint64_t bytes) override;
+  int fd() const override { return fd_; }
+
+ private:
+  std::string path_;
+  int fd_;
+  bool direct_;
+};
+
+/// Opens `path` with O_CLOEXEC; options.direct adds O_DIRECT, dropped again (is_direct()
+/// false) when the file system answers EINVAL. New files get mode 0666 less the umask.
+IoStatus OpenPosixFile(const std::string& path, const OpenOptions& options,
+                       std::unique_ptr<File>* file);
+
+/// The POSIX file system. Thread-safe and stateless.
+///
+/// Batches run op by op in order and stop at the first failure: the ops after it are not
+/// attempted (nothing else was submitted, so "after all submitted ones finished" holds).
+/// remove_tree() also removes a plain file or a symlink given as `path` (like `rm -rf`),
+/// never follows a symlink below it, and reports ENOENT when `path` does not exist.
+class PosixFileSystem : public FileSystem {
+ public:
+  std::string name() const override { return "posix"; }
+  IoStatus open(const std::string& path, const OpenOptions& options,
+                std::unique_ptr<File>* file) override;
+  IoStatus write_batch(std::span<const WriteOp> ops) override;
+  IoStatus read_batch(std::span<const ReadOp> ops) override;
+  IoStatus create_dir(const std::string& path) override;
+  IoStatus create_dirs(const std::string& path) override;
+  IoStatus remove_file(const std::string& path) override;
+  IoStatus remove_tree(const std::string& path) override;
+  IoStatus rename(const std::string& from, const std::string& to) override;
+  IoStatus exchange(const std::string& a, const std::string& b) override;
+  IoStatus list_dir(const std::string& path, std::vector<std::string>* names) override;
+  IoStatus sync_dir(const std::string& path) override;
+  IoStatus stat(const std::string& path, bool* exists, bool* is_dir) override;
+  IoStatus file_size(const std::string& path, uint64_t* bytes) override;
+};
+
+}  // namespace asyncckpt::io

@@ -1,0 +1,496 @@
+// `asyncckpt train-sim`: a synthetic training job that checkpoints as it goes, resumes from its
+// checkpoint directory, and reports what checkpointing cost the training loop.
+
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "asyncckpt/reader.h"
+#include "asyncckpt/saver_hook.h"
+#include "asyncckpt/session.h"
+#include "asyncckpt/state.h"
+#include "src/cli/commands.h"
+#include "src/cli/flags.h"
+#include "src/cli/json.h"
+#include "src/cli/sim_model.h"
+#include "src/util/status_macros.h"
+
+namespace asyncckpt::cli {
+
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+const std::vector<FlagSpec>& TrainSimFlags() {
+  static const std::vector<FlagSpec> specs = {
+      {"steps", "200", "total global steps (a resumed run stops at the same step)"},
+      {"model_bytes", "256MiB", "bytes of training state (parameters + optimizer moments)"},
+      {"tensors", "8", "number of parameter tensors"},
+      {"dtype", "f32", "element type: f32, f64 or bf16"},
+      {"optimizer", "adam", "sgd (parameters only) or adam (parameters + two moments)"},
+      {"step_ms", "0", "extra simulated accelerator time per step, in milliseconds"},
+      {"save_steps", "", "save every N steps (default 50 when --save_secs is not given)"},
+      {"save_secs", "", "save every N seconds"},
+      {"checkpoint_dir", "", "where checkpoints go (default: a new directory under $TMPDIR)"},
+      {"max_to_keep", "5", "newest checkpoints kept; 0 keeps all"},
+      {"keep_checkpoint_every_n_hours", "0", "also keep one checkpoint every N hours"},
+      {"compression", "shuffle+zstd", "none, zstd or shuffle+zstd"},
+      {"compression_level", "1", "zstd level"},
+      {"chunk_bytes", "4MiB", "chunk size"},
+      {"num_data_files", "2", "data files per checkpoint"},
+      {"saver", "async", "async (background flow graph) or sync (saves on the training thread)"},
+      {"staging_bytes", "0", "async: pinned staging budget (0 = one full snapshot)"},
+      {"on_busy", "wait", "async: wait or skip when a save is due and staging is busy"},
+      {"on_error", "stop", "async: stop or continue when a background save fails"},
+      {"background_threads", "0", "async: threads of the background arena (0 = all cores)"},
+      {"io", "auto", "I/O backend: auto (io_uring when available), uring or posix"},
+      {"o_direct", "", "write data files with O_DIRECT where the file system allows", true},
+      {"seed", "42", "seed of the initial state and the synthetic gradients"},
+      {"metrics_json", "", "write the summary as one JSON object to this file"},
+      {"verify", "", "after training, verify every checkpoint the state file lists", true},
+      {"quiet", "", "no progress line", true},
+  };
+  return specs;
+}
+
+constexpr char kUsage[] = "asyncckpt train-sim [flags]";
+
+// Everything the flags say, checked.
+struct TrainSimConfig {
+  SimConfig model;
+  int64_t steps = 0;
+  double step_ms = 0;
+  SaverOptions saver;
+  std::string saver_kind;
+  std::string metrics_json;
+  bool verify = false;
+  bool quiet = false;
+  bool dir_was_given = false;
+};
+
+Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
+  TrainSimConfig config;
+  ASSIGN_OR_RETURN(config.steps, flags.get_int("steps"));
+  if (config.steps < 0) return Status::InvalidArgument("--steps must be >= 0");
+  ASSIGN_OR_RETURN(config.model.state_bytes, flags.get_bytes("model_bytes"));
+  ASSIGN_OR_RETURN(int64_t tensors, flags.get_int("tensors"));
+  config.model.num_tensors = static_cast<int>(std::clamp<int64_t>(tensors, -1, 1 << 30));
+  auto dtype = ParseDType(flags.get("dtype"));
+  if (!dtype) return Status::InvalidArgument("unknown --dtype '" + flags.get("dtype") + "'");
+  config.model.dtype = *dtype;
+  const std::string optimizer = flags.get("optimizer");
+  if (optimizer == "sgd")
+    config.model.optimizer = Optimizer::kSgd;
+  else if (optimizer == "adam")
+    config.model.optimizer = Optimizer::kAdam;
+  else
+    return Status::InvalidArgument("--optimizer must be sgd or adam, not '" + optimizer + "'");
+  ASSIGN_OR_RETURN(int64_t seed, flags.get_int("seed"));
+  config.model.seed = static_cast<uint64_t>(seed);
+  ASSIGN_OR_RETURN(config.step_ms, flags.get_double("step_ms"));
+  if (config.step_ms < 0) return Status::InvalidArgument("--step_ms must be >= 0");
+
+  SaverOptions& saver = config.saver;
+  if (flags.has("save_steps")) {
+    ASSIGN_OR_RETURN(saver.save_steps, flags.get_int("save_steps"));
+  }
+  if (flags.has("save_secs")) {
+    ASSIGN_OR_RETURN(saver.save_secs, flags.get_double("save_secs"));
+  }
+  if (!flags.has("save_steps") && !flags.has("save_secs")) saver.save_steps = 50;
+  ASSIGN_OR_RETURN(int64_t max_to_keep, flags.get_int("max_to_keep"));
+  saver.max_to_keep = static_cast<int>(std::clamp<int64_t>(max_to_keep, -1, 1 << 30));
+  ASSIGN_OR_RETURN(saver.keep_checkpoint_every_n_hours,
+                   flags.get_double("keep_checkpoint_every_n_hours"));
+  auto compression = ParseCompressionKind(flags.get("compression"));
+  if (!compression) {
+    return Status::InvalidArgument("--compression must be none, zstd or shuffle+zstd, not '" +
+                                   flags.get("compression") + "'");
+  }
+  saver.compression.kind = *compression;
+  ASSIGN_OR_RETURN(int64_t level, flags.get_int("compression_level"));
+  saver.compression.level = static_cast<int>(std::clamp<int64_t>(level, -100, 100));
+  ASSIGN_OR_RETURN(saver.chunk_bytes, flags.get_bytes("chunk_bytes"));
+  ASSIGN_OR_RETURN(int64_t files, flags.get_int("num_data_files"));
+  saver.num_data_files = static_cast<uint32_t>(std::clamp<int64_t>(files, 0, 1 << 20));
+  saver.user_metadata["job"] = "train-sim";
+  saver.user_metadata["seed"] = std::to_string(config.model.seed);
+  saver.user_metadata["optimizer"] = optimizer;
+  config.saver_kind = flags.get("saver");
+  if (config.saver_kind != "sync" && config.saver_kind != "async") {
+    return Status::InvalidArgument("--saver must be async or sync, not '" + config.saver_kind +
+                                   "'");
+  }
+  ASSIGN_OR_RETURN(saver.staging_bytes, flags.get_bytes("staging_bytes"));
+  const std::string on_busy = flags.get("on_busy");
+  if (on_busy != "wait" && on_busy != "skip") {
+    return Status::InvalidArgument("--on_busy must be wait or skip, not '" + on_busy + "'");
+  }
+  saver.on_busy = on_busy == "skip" ? OnBusy::kSkip : OnBusy::kWait;
+  const std::string on_error = flags.get("on_error");
+  if (on_error != "stop" && on_error != "continue") {
+    return Status::InvalidArgument("--on_error must be stop or continue, not '" + on_error + "'");
+  }
+  saver.on_error = on_error == "continue" ? OnError::kContinue : OnError::kStop;
+  ASSIGN_OR_RETURN(int64_t threads, flags.get_int("background_threads"));
+  if (threads < 0) return Status::InvalidArgument("--background_threads must be >= 0");
+  saver.background_threads = static_cast<unsigned>(std::min<int64_t>(threads, 1 << 20));
+  const std::string io = flags.get("io");
+  if (io != "auto" && io != "uring" && io != "posix") {
+    return Status::InvalidArgument("--io must be auto, uring or posix, not '" + io + "'");
+  }
+  saver.force_posix_io = io == "posix";
+  saver.use_o_direct = flags.get_switch("o_direct");
+  config.metrics_json = flags.get("metrics_json");
+  config.verify = flags.get_switch("verify");
+  config.quiet = flags.get_switch("quiet");
+  config.dir_was_given = flags.has("checkpoint_dir");
+  saver.checkpoint_dir = flags.get("checkpoint_dir");
+  return config;
+}
+
+Result<std::string> MakeTempCheckpointDir() {
+  std::error_code ec;
+  std::string base = std::filesystem::temp_directory_path(ec).string();
+  if (ec) base = "/tmp";
+  std::string pattern = base + "/asyncckpt-train-sim-XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) {
+    return Status::IOError("cannot create a checkpoint directory under " + base + ": " +
+                           std::strerror(errno));
+  }
+  return pattern;
+}
+
+// Records which steps saved and what each save cost, for the summary.
+class SaveRecorder final : public CheckpointSaverListener {
+ public:
+  void before_save(int64_t step) override {
+    std::lock_guard lock(mutex_);
+    save_steps_.insert(step);
+  }
+  bool after_save(int64_t step, const SaveStats& stats) override {
+    std::lock_guard lock(mutex_);
+    if (!stats.status.ok()) {
+      std::fprintf(stderr, "\nasyncckpt: save of step %" PRId64 " failed: %s\n", step,
+                   stats.status.ToString().c_str());
+    }
+    return false;
+  }
+  bool saved_at(int64_t step) const {
+    std::lock_guard lock(mutex_);
+    return save_steps_.count(step) != 0;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::set<int64_t> save_steps_;
+};
+
+double Percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * values.size()));
+  return values[std::min(values.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
+// One plain parallel memcpy of the whole state into a buffer that was touched before, the yard
+// stick for how long a save may block the training thread.
+double MeasureStateMemcpySeconds(const TensorRegistry& registry) {
+  std::vector<std::unique_ptr<char[]>> copies;
+  for (const auto& t : registry.tensors()) {
+    copies.emplace_back(new char[std::max<size_t>(t.bytes, 1)]);
+    std::memset(copies.back().get(), 0, std::max<size_t>(t.bytes, 1));
+  }
+  constexpr size_t kPiece = 4 << 20;
+  auto start = SteadyClock::now();
+  for (size_t i = 0; i < registry.tensors().size(); ++i) {
+    const auto& t = registry.tensors()[i];
+    char* dst = copies[i].get();
+    const char* src = static_cast<const char*>(t.data);
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, (t.bytes + kPiece - 1) / kPiece),
+                      [&](const auto& range) {
+                        for (size_t p = range.begin(); p != range.end(); ++p) {
+                          const size_t off = p * kPiece;
+                          std::memcpy(dst + off, src + off, std::min(kPiece, t.bytes - off));
+                        }
+                      });
+  }
+  return std::chrono::duration<double>(SteadyClock::now() - start).count();
+}
+
+struct RunSummary {
+  int64_t start_step = 0;
+  int64_t final_step = 0;
+  std::vector<double> step_ms_save;
+  std::vector<double> step_ms_no_save;
+  double wall_seconds = 0;
+  double memcpy_seconds = 0;
+  uint64_t digest = 0;
+  SaverTotals totals;
+  int verified = -1;  // -1: not asked; else the number verified
+  uint64_t state_bytes = 0;
+};
+
+Result<std::unique_ptr<SessionRunHook>> MakeSaverHook(const TrainSimConfig& config,
+                                                      const TensorRegistry* registry,
+                                                      SaveRecorder* recorder,
+                                                      std::function<SaverTotals()>* totals) {
+  if (config.saver_kind == "sync") {
+    auto hook = CheckpointSaverHook::Create(config.saver, registry, {recorder});
+    if (!hook.ok()) return hook.status();
+    CheckpointSaverHook* raw = hook->get();
+    *totals = [raw] { return raw->totals(); };
+    return std::unique_ptr<SessionRunHook>(std::move(hook).value());
+  }
+  auto hook = AsyncCheckpointSaverHook::Create(config.saver, registry, {recorder});
+  if (!hook.ok()) return hook.status();
+  AsyncCheckpointSaverHook* raw = hook->get();
+  *totals = [raw] { return raw->totals(); };
+  return std::unique_ptr<SessionRunHook>(std::move(hook).value());
+}
+
+Result<int64_t> RestoreIfPresent(const TrainSimConfig& config, const TensorRegistry& registry) {
+  auto latest = LatestCheckpoint(config.saver.checkpoint_dir);
+  if (!latest.ok()) {
+    if (latest.status().code() == StatusCode::kNotFound) return int64_t{0};
+    return latest.status();
+  }
+  ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(*latest));
+  RETURN_IF_ERROR(reader->restore(registry).WithContext("restoring " + *latest));
+  std::fprintf(stderr, "train-sim: resuming from %s at step %" PRId64 "\n", latest->c_str(),
+               reader->metadata().step);
+  return reader->metadata().step;
+}
+
+Status VerifyListed(const std::string& dir, int* verified) {
+  ASSIGN_OR_RETURN(CheckpointState state, GetCheckpointState(dir));
+  *verified = 0;
+  for (const auto& name : state.all_model_checkpoint_paths) {
+    ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(dir + "/" + name));
+    VerifyReport report = reader->verify();
+    if (!report.problems.empty()) {
+      return Status::Corruption(dir + "/" + name + " failed verification: " + report.problems[0]);
+    }
+    ++*verified;
+  }
+  return Status::OK();
+}
+
+Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
+  if (!config.dir_was_given) {
+    ASSIGN_OR_RETURN(config.saver.checkpoint_dir, MakeTempCheckpointDir());
+  }
+  std::fprintf(stderr, "train-sim: checkpoint_dir %s\n", config.saver.checkpoint_dir.c_str());
+  ASSIGN_OR_RETURN(auto model, SimModel::Create(config.model));
+  const TensorRegistry& registry = model->registry();
+  std::fprintf(
+      stderr, "train-sim: %zu tensors, %s of state, %s saver, saving every %s\n", registry.size(),
+      FormatBytes(double(registry.total_bytes())).c_str(), config.saver_kind.c_str(),
+      config.saver.save_steps ? (std::to_string(*config.saver.save_steps) + " steps").c_str()
+                              : (std::to_string(*config.saver.save_secs) + " s").c_str());
+  summary->state_bytes = registry.total_bytes();
+  ASSIGN_OR_RETURN(summary->start_step, RestoreIfPresent(config, registry));
+
+  SaveRecorder recorder;
+  std::function<SaverTotals()> totals;
+  ASSIGN_OR_RETURN(auto hook, MakeSaverHook(config, &registry, &recorder, &totals));
+  ASSIGN_OR_RETURN(auto session, MonitoredSession::Create({hook.get()}, summary->start_step));
+
+  const auto wall_start = SteadyClock::now();
+  auto last_progress = wall_start;
+  Status status;
+  while (!session->should_stop() && session->global_step() < config.steps) {
+    const auto step_start = SteadyClock::now();
+    status = session->run([&](StepContext& ctx) {
+      model->Step(ctx.step(), 0);
+      if (config.step_ms > 0) {
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config.step_ms));
+      }
+      return Status::OK();
+    });
+    if (!status.ok()) break;
+    const double ms =
+        std::chrono::duration<double, std::milli>(SteadyClock::now() - step_start).count();
+    (recorder.saved_at(session->global_step()) ? summary->step_ms_save : summary->step_ms_no_save)
+        .push_back(ms);
+    if (!config.quiet && SteadyClock::now() - last_progress > std::chrono::milliseconds(500)) {
+      last_progress = SteadyClock::now();
+      const SaverTotals now = totals();
+      std::fprintf(
+          stderr,
+          "\rtrain-sim: step %" PRId64 "/%" PRId64 "  checkpoints %" PRId64 "  blocked %.2fs   ",
+          session->global_step(), config.steps, now.saves_committed, now.blocked_seconds_total);
+    }
+  }
+  Status closed = session->close();
+  if (!config.quiet) std::fprintf(stderr, "\n");
+  if (status.ok()) status = closed;
+  RETURN_IF_ERROR(status);
+  summary->wall_seconds = std::chrono::duration<double>(SteadyClock::now() - wall_start).count();
+  summary->final_step = session->global_step();
+  summary->totals = totals();
+  summary->digest = model->Digest();
+  summary->memcpy_seconds = MeasureStateMemcpySeconds(registry);
+  if (config.verify) RETURN_IF_ERROR(VerifyListed(config.saver.checkpoint_dir, &summary->verified));
+  return Status::OK();
+}
+
+std::string Hex(uint64_t value) {
+  char buffer[20];
+  std::snprintf(buffer, sizeof(buffer), "%016" PRIx64, value);
+  return buffer;
+}
+
+void PrintSummary(const TrainSimConfig& config, const RunSummary& s, uint64_t state_bytes) {
+  const SaverTotals& t = s.totals;
+  const int64_t saves = t.saves_committed;
+  double save_seconds = 0;
+  for (const auto& save : t.saves) save_seconds += save.seconds_to_durable;
+  std::printf("\n== train-sim summary ==\n");
+  std::printf("steps              %" PRId64 " (from step %" PRId64 " to %" PRId64 ") in %.2f s\n",
+              s.final_step - s.start_step, s.start_step, s.final_step, s.wall_seconds);
+  std::printf("state              %s\n", FormatBytes(double(state_bytes)).c_str());
+  std::printf("checkpoints        %" PRId64 " committed, %" PRId64 " failed, %" PRId64
+              " skipped, in %s\n",
+              saves, t.saves_failed, t.saves_skipped, config.saver.checkpoint_dir.c_str());
+  std::printf(
+      "step time          without save p50 %.1f ms p99 %.1f ms | with save p50 %.1f ms "
+      "p99 %.1f ms\n",
+      Percentile(s.step_ms_no_save, 50), Percentile(s.step_ms_no_save, 99),
+      Percentile(s.step_ms_save, 50), Percentile(s.step_ms_save, 99));
+  std::printf(
+      "blocked by saves   %.3f s total, %.3f s max per save (state memcpy %.3f s, ratio "
+      "%.2f)\n",
+      t.blocked_seconds_total, t.blocked_seconds_max, s.memcpy_seconds,
+      s.memcpy_seconds > 0 ? t.blocked_seconds_max / s.memcpy_seconds : 0.0);
+  std::printf("bytes              %s raw, %s stored, compression ratio %.2f\n",
+              FormatBytes(double(t.bytes_raw)).c_str(), FormatBytes(double(t.bytes_stored)).c_str(),
+              t.bytes_stored ? double(t.bytes_raw) / double(t.bytes_stored) : 1.0);
+  std::printf("save throughput    %.1f MiB/s (raw bytes over time to durable)\n",
+              save_seconds > 0 ? double(t.bytes_raw) / save_seconds / (1 << 20) : 0.0);
+  if (!t.stale_temporaries_removed.empty()) {
+    std::printf("stale temporaries  %zu removed\n", t.stale_temporaries_removed.size());
+  }
+  if (s.verified >= 0) std::printf("verified           %d listed checkpoints OK\n", s.verified);
+  std::printf("final_state_digest %s\n", Hex(s.digest).c_str());
+}
+
+Status WriteMetricsJson(const TrainSimConfig& config, const RunSummary& s, uint64_t state_bytes) {
+  const SaverTotals& t = s.totals;
+  double save_seconds = 0;
+  JsonWriter json;
+  json.begin_object();
+  json.field("saver", config.saver_kind);
+  json.field("checkpoint_dir", config.saver.checkpoint_dir);
+  json.field("start_step", s.start_step);
+  json.field("final_step", s.final_step);
+  json.field("steps_run", s.final_step - s.start_step);
+  json.field("wall_seconds", s.wall_seconds);
+  json.field("state_bytes", state_bytes);
+  json.field("checkpoints_committed", t.saves_committed);
+  json.field("saves_failed", t.saves_failed);
+  json.field("saves_skipped", t.saves_skipped);
+  json.field("step_ms_p50_without_save", Percentile(s.step_ms_no_save, 50));
+  json.field("step_ms_p99_without_save", Percentile(s.step_ms_no_save, 99));
+  json.field("step_ms_p50_with_save", Percentile(s.step_ms_save, 50));
+  json.field("step_ms_p99_with_save", Percentile(s.step_ms_save, 99));
+  json.field("blocked_seconds_total", t.blocked_seconds_total);
+  json.field("blocked_seconds_per_save_max", t.blocked_seconds_max);
+  json.field("state_memcpy_seconds", s.memcpy_seconds);
+  json.field("bytes_raw", t.bytes_raw);
+  json.field("bytes_stored", t.bytes_stored);
+  json.field("compression_ratio",
+             t.bytes_stored ? double(t.bytes_raw) / double(t.bytes_stored) : 1.0);
+  json.field("staging_high_water_bytes", t.staging_high_water_bytes);
+  json.key("saves").begin_array();
+  for (const auto& save : t.saves) {
+    save_seconds += save.seconds_to_durable;
+    json.begin_object();
+    json.field("step", save.step);
+    json.field("path", save.path);
+    json.field("ok", save.status.ok());
+    json.field("blocked_seconds", save.blocked_seconds);
+    json.field("seconds_to_durable", save.seconds_to_durable);
+    json.field("bytes_raw", save.bytes_raw);
+    json.field("bytes_stored", save.bytes_stored);
+    json.field("final_level", static_cast<int64_t>(save.final_level));
+    json.key("chunks_by_codec").begin_object();
+    for (const auto& [k, v] : save.chunks_by_codec) json.field(k, v);
+    json.end_object();
+    json.end_object();
+  }
+  json.end_array();
+  json.field("save_throughput_bytes_per_second",
+             save_seconds > 0 ? double(t.bytes_raw) / save_seconds : 0.0);
+  json.field("verified_checkpoints", static_cast<int64_t>(s.verified));
+  json.field("final_state_digest", Hex(s.digest));
+  json.end_object();
+  std::ofstream out(config.metrics_json, std::ios::trunc);
+  out << json.str() << '\n';
+  out.close();
+  if (!out) return Status::IOError("cannot write --metrics_json " + config.metrics_json);
+  return Status::OK();
+}
+
+}  // namespace
+
+int TrainSimCommand(int argc, char** argv) {
+  auto flags = ParseFlags(TrainSimFlags(), argc, argv);
+  if (!flags.ok()) {
+    if (flags.status().code() == StatusCode::kCancelled) {
+      std::fputs(FlagsHelp(kUsage, TrainSimFlags()).c_str(), stdout);
+      return 0;
+    }
+    std::fprintf(stderr, "asyncckpt train-sim: %s\n", flags.status().message().c_str());
+    return 2;
+  }
+  if (!flags->positional().empty()) {
+    std::fprintf(stderr, "asyncckpt train-sim: unexpected argument '%s'\n",
+                 flags->positional()[0].c_str());
+    return 2;
+  }
+  auto config = ConfigFromFlags(*flags);
+  if (config.ok()) {
+    Status valid = ValidateSaverOptions([&] {
+      SaverOptions probe = config->saver;
+      if (probe.checkpoint_dir.empty()) probe.checkpoint_dir = "/tmp";
+      return probe;
+    }());
+    if (!valid.ok()) config = valid;
+  }
+  if (!config.ok()) {
+    std::fprintf(stderr, "asyncckpt train-sim: %s\n", config.status().message().c_str());
+    return 2;
+  }
+  RunSummary summary;
+  Status status = RunTrainSim(*config, &summary);
+  const uint64_t state_bytes = summary.state_bytes;
+  if (!status.ok()) {
+    std::fprintf(stderr, "asyncckpt train-sim: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  PrintSummary(*config, summary, state_bytes);
+  if (!config->metrics_json.empty()) {
+    Status written = WriteMetricsJson(*config, summary, state_bytes);
+    if (!written.ok()) {
+      std::fprintf(stderr, "asyncckpt train-sim: %s\n", written.message().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace asyncckpt::cli

@@ -1,0 +1,97 @@
+#pragma once
+
+// The asynchronous engine: a oneTBB flow graph that turns a snapshot in pinned staging memory
+// into a committed checkpoint while training goes on.
+//
+//   Submit (training thread): plan chunks -> lease staging -> device copies (parallel, on a
+//   high-priority copy arena) -> one message per chunk into the graph
+//
+//   encode (unlimited) -> sequencer by chunk id -> place (serial: data file + offset)
+//     -> write (io_uring, num_data_files at once; staging released here)
+//     -> save sequencer by save id -> commit (serial: fsync data files, index, rename,
+//        state file, retention) -> on_done (listeners)
+//
+// Several saves may be in flight at once within the staging budget; they commit in the order
+// they were submitted (step order). A failure at any node is caught there, recorded as that
+// save's status and cancels that save only: its remaining chunks pass through without work,
+// its temporary directory is removed, and on_done reports it.
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "asyncckpt/compression.h"
+#include "asyncckpt/saver_hook.h"
+#include "asyncckpt/tensor.h"
+#include "io/file_system.h"
+#include "src/state/checkpoint_state.h"
+
+namespace asyncckpt {
+
+/// One options struct for the engine; every field has a default.
+struct EngineOptions {
+  /// Where checkpoints are committed.
+  std::string checkpoint_dir;
+  /// Checkpoint names are "<basename>-<step>".
+  std::string basename = "model.ckpt";
+  /// Raw bytes per chunk (rounded down to whole elements).
+  uint64_t chunk_bytes = 4ull << 20;
+  /// Data files per checkpoint, written concurrently.
+  uint32_t num_data_files = 2;
+  /// Codec and starting level; the engine lowers the level when encoding is the bottleneck.
+  CompressionOptions compression;
+  /// Pinned staging budget; 0 means one full snapshot of the registry.
+  uint64_t staging_bytes = 0;
+  /// Ask for O_DIRECT data files.
+  bool use_o_direct = false;
+  /// Threads of the background arena; 0 means the machine's cores.
+  unsigned background_threads = 0;
+  /// Copies from CUDA tensors return without waiting for the device (stream-ordered mode);
+  /// the graph waits for the copies before encoding.
+  bool stream_ordered = false;
+};
+
+/// Whether Submit took the snapshot.
+enum class SubmitOutcome { kSubmitted, kSkipped };
+
+/// The engine. Submit is called from one thread (the training thread); on_done is called from
+/// the graph's commit node, one save at a time, in submission order.
+class Engine {
+ public:
+  /// Called once per submitted save with its final stats (status OK when committed).
+  using DoneFn = std::function<void(const SaveStats&)>;
+
+  /// `fs`, `manager` and `registry` are borrowed and must outlive the engine.
+  static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, io::FileSystem* fs,
+                                                CheckpointManager* manager,
+                                                const TensorRegistry* registry, DoneFn on_done);
+  /// Waits for every save in flight.
+  ~Engine();
+
+  /// Snapshots the registry for `metadata.step` and hands it to the graph. Returns once the
+  /// state may be modified again (copies done; in stream-ordered mode, copies enqueued).
+  /// With skip_if_busy, returns kSkipped without copying when staging cannot take the whole
+  /// snapshot now. `before_copy` (may be empty) runs once the save is certain, before the
+  /// first copy. *blocked_seconds receives the time spent here.
+  Result<SubmitOutcome> Submit(const CheckpointMetadata& metadata, bool skip_if_busy,
+                               const std::function<void()>& before_copy, double* blocked_seconds);
+  /// Blocks until every submitted save is committed or failed.
+  void WaitAll();
+  /// Saves submitted and not yet done.
+  int64_t in_flight() const;
+  /// Most staging bytes in use at once so far.
+  uint64_t staging_high_water() const;
+  /// The staging budget in bytes.
+  uint64_t staging_budget() const;
+  /// How many times staging memory was allocated (stays 1 after the first save).
+  uint64_t staging_allocations() const;
+
+  class Impl;
+
+ private:
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace asyncckpt

@@ -1,0 +1,129 @@
+#pragma once
+
+// The on-disk format of one checkpoint directory, in the one header that the writer and the
+// reader both include. docs/format.md describes it byte by byte; change both together.
+//
+//   <basename>-<step>/
+//     index                      header | body | footer (all little-endian)
+//     data-00000-of-00002        chunk payloads, back to back, no framing
+//     data-00001-of-00002
+//
+// The index names every chunk (tensor, offset in the tensor, data file, offset in the file,
+// stored size, raw size, codec, XXH3-64 of the raw bytes) and checksums itself.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "asyncckpt/dtype.h"
+#include "asyncckpt/status.h"
+#include "asyncckpt/tensor.h"
+#include "src/codec/codec.h"
+
+namespace asyncckpt::format {
+
+/// The index file's name inside a checkpoint directory.
+inline constexpr char kIndexFileName[] = "index";
+/// First 8 bytes of an index: "ACKPTIDX".
+inline constexpr uint64_t kIndexMagic = 0x58444954504B4341ULL;
+/// Last 8 bytes of an index: "ACKPTEND".
+inline constexpr uint64_t kIndexEndMagic = 0x444E4554504B4341ULL;
+/// The only format version this code reads and writes.
+inline constexpr uint32_t kFormatVersion = 1;
+/// Header bytes: magic u64, version u32, flags u32 (zero).
+inline constexpr size_t kIndexHeaderBytes = 16;
+/// Footer bytes: body length u64, XXH3-64 of everything before it u64, end magic u64.
+inline constexpr size_t kIndexFooterBytes = 24;
+/// Bytes of one chunk record in the body.
+inline constexpr size_t kChunkRecordBytes = 45;
+
+/// Longest tensor name.
+inline constexpr size_t kMaxNameBytes = 64 * 1024;
+/// Most dimensions of a tensor.
+inline constexpr size_t kMaxRank = 64;
+/// Most data files in one checkpoint.
+inline constexpr uint32_t kMaxDataFiles = 65536;
+/// Longest metadata key.
+inline constexpr size_t kMaxMetadataKeyBytes = 64 * 1024;
+/// Longest metadata value.
+inline constexpr size_t kMaxMetadataValueBytes = 1024 * 1024;
+/// Largest raw chunk; bounds what a reader allocates to decode one chunk.
+inline constexpr uint64_t kMaxChunkBytes = 1ULL << 30;
+/// Largest index a reader accepts.
+inline constexpr uint64_t kMaxIndexBytes = 1ULL << 30;
+
+/// Where one chunk of a tensor lives and how it is stored.
+struct ChunkEntry {
+  /// First byte of the chunk within the tensor's raw bytes.
+  uint64_t tensor_offset = 0;
+  /// Which data file holds it (0-based).
+  uint32_t file_index = 0;
+  /// First byte of its stored bytes in that data file.
+  uint64_t file_offset = 0;
+  /// Bytes it takes in the data file.
+  uint64_t stored_bytes = 0;
+  /// Bytes it decodes to.
+  uint64_t raw_bytes = 0;
+  /// How the stored bytes encode the raw bytes.
+  codec::Codec codec = codec::Codec::kRaw;
+  /// XXH3-64 of the raw bytes.
+  uint64_t xxh3 = 0;
+
+  bool operator==(const ChunkEntry&) const = default;
+};
+
+/// One tensor: what it is and where its chunks are, in tensor order.
+struct TensorEntry {
+  /// Unique, non-empty name.
+  std::string name;
+  /// Element type.
+  DType dtype = DType::kF32;
+  /// Dimensions; empty for a scalar.
+  std::vector<int64_t> shape;
+  /// Raw size: elements × dtype size.
+  uint64_t bytes = 0;
+  /// Chunks covering [0, bytes) in order, without gaps or overlap (none when bytes is 0).
+  std::vector<ChunkEntry> chunks;
+
+  bool operator==(const TensorEntry&) const = default;
+};
+
+/// The whole index of one checkpoint.
+struct Index {
+  /// Step, wall time and user key/values.
+  CheckpointMetadata metadata;
+  /// Number of data files (data-00000-of-N ... data-(N-1)-of-N).
+  uint32_t num_data_files = 0;
+  /// Every tensor, in the order the writer listed them.
+  std::vector<TensorEntry> tensors;
+};
+
+/// "<basename>-<step>", the name of a committed checkpoint directory.
+std::string CheckpointDirName(std::string_view basename, int64_t step);
+/// "data-00000-of-00002": the name of data file `index` of `count` (at least 5 digits each).
+std::string DataFileName(uint32_t index, uint32_t count);
+
+/// Serialises an index. The caller gives a valid index (the writer builds it); the encoding
+/// itself cannot fail.
+std::vector<uint8_t> EncodeIndex(const Index& index);
+
+/// Parses and checks an index without looking at the data files: magic, version and checksum
+/// first, then every count, length and value against bounds before anything is allocated, and
+/// every tensor's chunks against the tensor. Corruption naming `path` and what is wrong (the
+/// tensor and chunk number when one is).
+Result<Index> ParseIndex(std::span<const uint8_t> bytes, std::string_view path);
+
+/// Checks that every chunk lies inside its data file, whose sizes are `data_file_sizes`
+/// (one per data file; a file may be longer than its last chunk). Corruption naming `path`,
+/// the data file, the tensor and the chunk.
+Status CheckChunkLocations(const Index& index, std::string_view path,
+                           std::span<const uint64_t> data_file_sizes);
+
+/// ParseIndex then CheckChunkLocations: a fully checked index.
+Result<Index> DecodeIndex(std::span<const uint8_t> bytes, std::string_view path,
+                          std::span<const uint64_t> data_file_sizes);
+
+}  // namespace asyncckpt::format

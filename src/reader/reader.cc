@@ -1,0 +1,408 @@
+#include "asyncckpt/reader.h"
+
+#include <oneapi/tbb/enumerable_thread_specific.h>
+#include <oneapi/tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <exception>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+#include "asyncckpt/state.h"
+#include "io/file_system.h"
+#include "src/codec/codec.h"
+#include "src/format/format.h"
+#include "src/util/io_status.h"
+#include "src/util/log.h"
+#include "src/util/status_macros.h"
+
+namespace asyncckpt {
+namespace {
+
+using format::ChunkEntry;
+using format::TensorEntry;
+
+// Chunks read by one read_batch call and decoded by one task: enough to keep the queue busy,
+// bounded in memory for the compressed bytes gathered in the task's scratch.
+constexpr size_t kGroupChunks = 8;
+constexpr uint64_t kGroupStoredBytes = 32ull << 20;
+
+// A growable byte buffer that is never zero-filled (every byte is read into before use).
+class ByteBuffer {
+ public:
+  uint8_t* Reserve(size_t n) {
+    if (n > capacity_) {
+      data_ = std::make_unique_for_overwrite<uint8_t[]>(n);
+      capacity_ = n;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  size_t capacity_ = 0;
+};
+
+// Per-thread working memory for reads.
+struct ThreadScratch {
+  codec::Scratch codec;
+  ByteBuffer stored;   // stored bytes of a group's chunks
+  ByteBuffer decoded;  // verify(): decoded bytes of one chunk
+};
+
+// A run of consecutive chunks of one tensor, read and decoded together.
+struct ChunkGroup {
+  size_t tensor = 0;  // index into Index::tensors
+  size_t begin = 0;
+  size_t end = 0;
+};
+
+// A chunk that failed, with its position for ordering the report.
+struct ChunkFailure {
+  size_t tensor = 0;
+  size_t chunk = 0;
+  Status status;
+};
+
+std::vector<ChunkGroup> GroupChunks(size_t tensor_index, const TensorEntry& tensor) {
+  std::vector<ChunkGroup> groups;
+  size_t begin = 0;
+  uint64_t stored = 0;
+  for (size_t i = 0; i < tensor.chunks.size(); ++i) {
+    const bool full =
+        i - begin == kGroupChunks || stored + tensor.chunks[i].stored_bytes > kGroupStoredBytes;
+    if (i > begin && full) {
+      groups.push_back({tensor_index, begin, i});
+      begin = i;
+      stored = 0;
+    }
+    stored += tensor.chunks[i].stored_bytes;
+  }
+  if (begin < tensor.chunks.size()) groups.push_back({tensor_index, begin, tensor.chunks.size()});
+  return groups;
+}
+
+std::string Quote(const std::string& name) { return "'" + name + "'"; }
+
+std::string DescribeShape(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+void LogFallbackOnce(const std::string& reason) {
+  static std::once_flag once;
+  if (!reason.empty()) std::call_once(once, [&] { LogLine("checkpoint reader: " + reason); });
+}
+
+class CheckpointReaderImpl final : public CheckpointReader {
+ public:
+  static Result<std::unique_ptr<CheckpointReader>> Open(const std::string& path,
+                                                        const ReaderOptions& options) {
+    std::string fallback;
+    std::unique_ptr<io::FileSystem> fs =
+        io::NewDefaultFileSystem(io::IoOptions{options.queue_depth, options.force_posix}, &fallback);
+    LogFallbackOnce(fallback);
+    std::unique_ptr<CheckpointReaderImpl> reader(new CheckpointReaderImpl(path, std::move(fs)));
+    RETURN_IF_ERROR(reader->Load());
+    return std::unique_ptr<CheckpointReader>(std::move(reader));
+  }
+
+  const std::string& path() const override { return path_; }
+  const CheckpointMetadata& metadata() const override { return index_.metadata; }
+  const std::vector<TensorInfo>& tensors() const override { return infos_; }
+  uint32_t num_data_files() const override { return index_.num_data_files; }
+
+  const TensorInfo* find(const std::string& name) const override {
+    auto it = by_name_.find(name);
+    return it == by_name_.end() ? nullptr : &infos_[it->second.info];
+  }
+
+  Status read(const std::string& name, void* dst, size_t dst_bytes) override {
+    auto it = by_name_.find(name);
+    if (it == by_name_.end()) return Status::NotFound("no tensor named " + Quote(name) + " in " + path_);
+    const TensorEntry& tensor = index_.tensors[it->second.entry];
+    if (dst_bytes != tensor.bytes) {
+      return Status::InvalidArgument("tensor " + Quote(name) + " in " + path_ + " holds " +
+                                     std::to_string(tensor.bytes) + " bytes; the destination has " +
+                                     std::to_string(dst_bytes));
+    }
+    if (tensor.bytes > 0 && dst == nullptr) {
+      return Status::InvalidArgument("null destination for tensor " + Quote(name));
+    }
+    std::vector<ChunkFailure> failures =
+        ProcessGroups(GroupChunks(it->second.entry, tensor), static_cast<uint8_t*>(dst));
+    if (failures.empty()) return Status::OK();
+    return std::min_element(failures.begin(), failures.end(),
+                            [](const ChunkFailure& a, const ChunkFailure& b) {
+                              return a.chunk < b.chunk;
+                            })
+        ->status;
+  }
+
+  Status restore(const TensorRegistry& registry) override {
+    RETURN_IF_ERROR(CheckRegistry(registry));
+    std::shared_ptr<Device> staging_device;
+    PinnedBuffer staging;
+    for (const TensorRef& ref : registry.tensors()) {
+      if (ref.device == nullptr || ref.device->kind() == DeviceKind::kHost) {
+        RETURN_IF_ERROR(read(ref.name, ref.data, ref.bytes));
+        continue;
+      }
+      if (ref.bytes == 0) continue;
+      // One pinned buffer, grown to the largest device tensor, serves them all.
+      if (staging.size() < ref.bytes || staging_device != ref.device) {
+        staging.reset();
+        ASSIGN_OR_RETURN(staging, ref.device->allocate_pinned(ref.bytes));
+        staging_device = ref.device;
+      }
+      RETURN_IF_ERROR(read(ref.name, staging.data(), ref.bytes));
+      RETURN_IF_ERROR(ref.device->copy_from_host(staging.data(), ref.data, ref.bytes)
+                          .WithContext("restoring tensor " + Quote(ref.name) + " to " +
+                                       ref.device->name()));
+    }
+    return Status::OK();
+  }
+
+  VerifyReport verify() override {
+    std::vector<ChunkGroup> groups;
+    VerifyReport report;
+    for (size_t t = 0; t < index_.tensors.size(); ++t) {
+      std::vector<ChunkGroup> more = GroupChunks(t, index_.tensors[t]);
+      groups.insert(groups.end(), more.begin(), more.end());
+      report.chunks_checked += index_.tensors[t].chunks.size();
+      report.bytes_checked += index_.tensors[t].bytes;
+    }
+    std::vector<ChunkFailure> failures = ProcessGroups(groups, nullptr);
+    std::sort(failures.begin(), failures.end(), [](const ChunkFailure& a, const ChunkFailure& b) {
+      return std::tie(a.tensor, a.chunk) < std::tie(b.tensor, b.chunk);
+    });
+    for (const ChunkFailure& failure : failures) {
+      report.problems.push_back(failure.status.ToString());
+    }
+    return report;
+  }
+
+ private:
+  struct Location {
+    size_t info = 0;   // index into infos_
+    size_t entry = 0;  // index into index_.tensors
+  };
+
+  CheckpointReaderImpl(std::string path, std::unique_ptr<io::FileSystem> fs)
+      : path_(std::move(path)), fs_(std::move(fs)) {}
+
+  Status Load() {
+    bool exists = false, is_dir = false;
+    RETURN_IF_ERROR(ToStatus(fs_->stat(path_, &exists, &is_dir)));
+    if (!exists) return Status::NotFound("no checkpoint at " + path_);
+    if (!is_dir) return Status::NotFound(path_ + " is not a checkpoint directory");
+    ASSIGN_OR_RETURN(index_, ReadIndex());
+    std::vector<uint64_t> sizes;
+    RETURN_IF_ERROR(OpenDataFiles(&sizes));
+    RETURN_IF_ERROR(format::CheckChunkLocations(index_, index_path_, sizes));
+    BuildInfos();
+    return Status::OK();
+  }
+
+  Result<format::Index> ReadIndex() {
+    index_path_ = path_ + "/" + format::kIndexFileName;
+    std::unique_ptr<io::File> file;
+    io::IoStatus opened = fs_->open(index_path_, io::OpenOptions{}, &file);
+    if (opened.error_number() == ENOENT) {
+      return Status::NotFound("checkpoint " + path_ + " has no index file " + index_path_);
+    }
+    RETURN_IF_ERROR(ToStatus(opened));
+    uint64_t size = 0;
+    RETURN_IF_ERROR(ToStatus(file->size(&size)));
+    if (size > format::kMaxIndexBytes) {
+      return Status::Corruption("index " + index_path_ + " is " + std::to_string(size) +
+                                " bytes; at most " + std::to_string(format::kMaxIndexBytes) +
+                                " accepted");
+    }
+    std::vector<uint8_t> bytes(size);
+    RETURN_IF_ERROR(ToStatus(file->read_at(0, bytes.data(), bytes.size())));
+    return format::ParseIndex(bytes, index_path_);
+  }
+
+  // The first chunk stored in data file `file`, for naming what a missing file takes away.
+  std::string FirstChunkIn(uint32_t file) const {
+    for (const TensorEntry& tensor : index_.tensors) {
+      for (size_t i = 0; i < tensor.chunks.size(); ++i) {
+        if (tensor.chunks[i].file_index == file) {
+          return "; it holds tensor " + Quote(tensor.name) + " chunk " + std::to_string(i);
+        }
+      }
+    }
+    return "";
+  }
+
+  Status OpenDataFiles(std::vector<uint64_t>* sizes) {
+    const uint32_t count = index_.num_data_files;
+    for (uint32_t i = 0; i < count; ++i) {
+      std::string file_path = path_ + "/" + format::DataFileName(i, count);
+      std::unique_ptr<io::File> file;
+      io::IoStatus opened = fs_->open(file_path, io::OpenOptions{}, &file);
+      if (opened.error_number() == ENOENT) {
+        return Status::Corruption("checkpoint " + path_ + ": data file " + file_path +
+                                  " is missing (the index names " + std::to_string(count) +
+                                  " data files" + FirstChunkIn(i) + ")");
+      }
+      RETURN_IF_ERROR(ToStatus(opened));
+      uint64_t size = 0;
+      RETURN_IF_ERROR(ToStatus(file->size(&size)));
+      sizes->push_back(size);
+      files_.push_back(std::move(file));
+    }
+    return Status::OK();
+  }
+
+  void BuildInfos() {
+    std::vector<size_t> order(index_.tensors.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return index_.tensors[a].name < index_.tensors[b].name;
+    });
+    for (size_t entry : order) {
+      const TensorEntry& t = index_.tensors[entry];
+      TensorInfo info{t.name, t.dtype, t.shape, t.bytes, 0, t.chunks.size(), {}};
+      for (const ChunkEntry& c : t.chunks) {
+        info.stored_bytes += c.stored_bytes;
+        ++info.chunks_by_codec[std::string(codec::CodecName(c.codec))];
+      }
+      by_name_[t.name] = Location{infos_.size(), entry};
+      infos_.push_back(std::move(info));
+    }
+  }
+
+  Status CheckRegistry(const TensorRegistry& registry) const {
+    std::string problems;
+    for (const TensorRef& ref : registry.tensors()) {
+      const TensorInfo* info = find(ref.name);
+      std::string problem;
+      if (info == nullptr) {
+        problem = "tensor " + Quote(ref.name) + " is not in the checkpoint";
+      } else if (info->dtype != ref.dtype) {
+        problem = "tensor " + Quote(ref.name) + " is " + std::string(DTypeName(ref.dtype)) +
+                  " in the registry but " + std::string(DTypeName(info->dtype)) +
+                  " in the checkpoint";
+      } else if (info->shape != ref.shape) {
+        problem = "tensor " + Quote(ref.name) + " has shape " + DescribeShape(ref.shape) +
+                  " in the registry but " + DescribeShape(info->shape) + " in the checkpoint";
+      }
+      if (!problem.empty()) problems += (problems.empty() ? "" : "; ") + problem;
+    }
+    if (problems.empty()) return Status::OK();
+    return Status::InvalidArgument("cannot restore from " + path_ + ": " + problems);
+  }
+
+  // "<dir>/data-00001-of-00002: tensor 'w' chunk 3 (N stored bytes at offset X, zstd)"
+  std::string DescribeChunk(const TensorEntry& tensor, size_t i) const {
+    const ChunkEntry& c = tensor.chunks[i];
+    return files_[c.file_index]->path() + ": tensor " + Quote(tensor.name) + " chunk " +
+           std::to_string(i) + " (" + std::to_string(c.stored_bytes) + " stored bytes at offset " +
+           std::to_string(c.file_offset) + ", " + std::string(codec::CodecName(c.codec)) + ")";
+  }
+
+  // Reads and decodes every group in parallel; decoded bytes go to dst (one tensor) when it is
+  // given, else to scratch (verify). Returns every failed chunk.
+  std::vector<ChunkFailure> ProcessGroups(const std::vector<ChunkGroup>& groups, uint8_t* dst) {
+    std::vector<std::vector<ChunkFailure>> per_group(groups.size());
+    try {
+      tbb::parallel_for(size_t{0}, groups.size(), [&](size_t g) {
+        ProcessGroup(groups[g], dst, scratch_.local(), &per_group[g]);
+      });
+    } catch (const std::exception& e) {
+      // oneTBB or an allocation threw: report it once rather than let it cross the API.
+      per_group.push_back({ChunkFailure{0, 0, Status::Internal(
+          "reading " + path_ + ": " + e.what())}});
+    }
+    std::vector<ChunkFailure> failures;
+    for (auto& list : per_group) {
+      for (auto& failure : list) failures.push_back(std::move(failure));
+    }
+    return failures;
+  }
+
+  void ProcessGroup(const ChunkGroup& group, uint8_t* dst, ThreadScratch& scratch,
+                    std::vector<ChunkFailure>* failures) {
+    const TensorEntry& tensor = index_.tensors[group.tensor];
+    // Where each chunk's stored bytes land: raw chunks read straight into dst, the others into
+    // this thread's scratch.
+    uint64_t gathered = 0;
+    for (size_t i = group.begin; i < group.end; ++i) {
+      if (!ReadsInPlace(tensor.chunks[i], dst)) gathered += tensor.chunks[i].stored_bytes;
+    }
+    uint8_t* stored = scratch.stored.Reserve(gathered);
+    std::vector<io::ReadOp> ops;
+    std::vector<uint8_t*> targets;
+    uint64_t at = 0;
+    for (size_t i = group.begin; i < group.end; ++i) {
+      const ChunkEntry& c = tensor.chunks[i];
+      uint8_t* target = ReadsInPlace(c, dst) ? dst + c.tensor_offset : stored + at;
+      if (!ReadsInPlace(c, dst)) at += c.stored_bytes;
+      targets.push_back(target);
+      ops.push_back(io::ReadOp{files_[c.file_index].get(), c.file_offset, target, c.stored_bytes});
+    }
+    std::vector<bool> read_ok(ops.size(), true);
+    if (!fs_->read_batch(ops).ok()) {
+      // The batch reports only its first failure; read each chunk alone to name every one.
+      for (size_t k = 0; k < ops.size(); ++k) {
+        io::IoStatus status = fs_->read_batch(std::span<const io::ReadOp>(&ops[k], 1));
+        if (status.ok()) continue;
+        read_ok[k] = false;
+        failures->push_back({group.tensor, group.begin + k,
+                             ToStatus(status).WithContext(DescribeChunk(tensor, group.begin + k))});
+      }
+    }
+    const size_t elem = DTypeSize(tensor.dtype);
+    for (size_t k = 0; k < ops.size(); ++k) {
+      if (!read_ok[k]) continue;
+      const size_t i = group.begin + k;
+      const ChunkEntry& c = tensor.chunks[i];
+      uint8_t* out = dst != nullptr ? dst + c.tensor_offset : scratch.decoded.Reserve(c.raw_bytes);
+      if (dst == nullptr && c.codec == codec::Codec::kRaw) out = targets[k];  // checksum in place
+      Status status = codec::Decode(c.codec, std::span<const uint8_t>(targets[k], c.stored_bytes),
+                                    elem, c.xxh3, std::span<uint8_t>(out, c.raw_bytes),
+                                    scratch.codec);
+      if (!status.ok()) {
+        failures->push_back({group.tensor, i, status.WithContext(DescribeChunk(tensor, i))});
+      }
+    }
+  }
+
+  static bool ReadsInPlace(const ChunkEntry& chunk, const uint8_t* dst) {
+    return dst != nullptr && chunk.codec == codec::Codec::kRaw;
+  }
+
+  std::string path_;
+  std::string index_path_;
+  std::unique_ptr<io::FileSystem> fs_;
+  std::vector<std::unique_ptr<io::File>> files_;  // one per data file
+  format::Index index_;
+  std::vector<TensorInfo> infos_;  // in name order
+  std::unordered_map<std::string, Location> by_name_;
+  tbb::enumerable_thread_specific<ThreadScratch> scratch_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::string& path,
+                                                                 const ReaderOptions& options) {
+  try {
+    return CheckpointReaderImpl::Open(path, options);
+  } catch (const std::exception& e) {
+    return Status::Internal("opening checkpoint " + path + ": " + e.what());
+  }
+}
+
+Result<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenLatest(
+    const std::string& dir, const ReaderOptions& options) {
+  ASSIGN_OR_RETURN(std::string latest, LatestCheckpoint(dir));
+  return Open(latest, options);
+}
+
+}  // namespace asyncckpt

@@ -1,0 +1,170 @@
+// AsyncCheckpointSaverHook: the training thread only snapshots; the engine's flow graph
+// encodes, writes and commits in the background.
+
+#include <chrono>
+#include <mutex>
+#include <vector>
+
+#include "asyncckpt/saver_hook.h"
+#include "src/engine/engine.h"
+#include "src/saver/saver_common.h"
+#include "src/util/log.h"
+#include "src/util/status_macros.h"
+
+namespace asyncckpt {
+
+class AsyncCheckpointSaverHook::Impl {
+ public:
+  Impl(SaverOptions options, const TensorRegistry* registry,
+       std::vector<CheckpointSaverListener*> listeners, SaveSchedule schedule)
+      : options_(std::move(options)),
+        registry_(registry),
+        listeners_(std::move(listeners)),
+        schedule_(std::move(schedule)) {}
+
+  ~Impl() { engine_.reset(); }  // waits for saves in flight before the storage goes
+
+  Status Begin() {
+    ASSIGN_OR_RETURN(std::vector<std::string> removed, storage_.Start(options_));
+    {
+      std::lock_guard lock(mu_);
+      totals_.stale_temporaries_removed = std::move(removed);
+    }
+    EngineOptions engine_options;
+    engine_options.checkpoint_dir = options_.checkpoint_dir;
+    engine_options.basename = options_.basename;
+    engine_options.chunk_bytes = options_.chunk_bytes;
+    engine_options.num_data_files = options_.num_data_files;
+    engine_options.compression = options_.compression;
+    engine_options.staging_bytes = options_.staging_bytes;
+    engine_options.use_o_direct = options_.use_o_direct;
+    engine_options.background_threads = options_.background_threads;
+    engine_options.stream_ordered = options_.cuda_stream_ordered;
+    ASSIGN_OR_RETURN(engine_,
+                     Engine::Create(engine_options, storage_.fs.get(), storage_.manager.get(),
+                                    registry_, [this](const SaveStats& stats) { OnDone(stats); }));
+    for (auto* listener : listeners_) listener->begin();
+    return Status::OK();
+  }
+
+  // Snapshots `step` (or skips it, as on_busy says).
+  Status Save(int64_t step) {
+    schedule_.mark(step);
+    CheckpointMetadata metadata{step, options_.clock(), options_.user_metadata};
+    double blocked = 0;
+    ASSIGN_OR_RETURN(SubmitOutcome outcome, engine_->Submit(
+                                                metadata, options_.on_busy == OnBusy::kSkip,
+                                                [&] {
+                                                  for (auto* listener : listeners_)
+                                                    listener->before_save(step);
+                                                },
+                                                &blocked));
+    std::lock_guard lock(mu_);
+    if (outcome == SubmitOutcome::kSkipped) {
+      ++totals_.saves_skipped;
+      LogLine("skipped the save of step " + std::to_string(step) + ": staging is still busy");
+    }
+    totals_.staging_high_water_bytes = engine_->staging_high_water();
+    return Status::OK();
+  }
+
+  // Called on the training thread after each step: delivers what the background reported.
+  Status Poll(RunContext* context) {
+    std::lock_guard lock(mu_);
+    if (stop_requested_by_listener_ && context != nullptr) context->request_stop();
+    for (Status& failure : unreported_failures_) {
+      if (options_.on_error == OnError::kStop) {
+        if (context != nullptr) context->request_stop();
+        if (first_error_.ok()) first_error_ = failure;
+      } else {
+        LogLine("a background save failed; training goes on: " + failure.ToString());
+      }
+    }
+    unreported_failures_.clear();
+    return Status::OK();
+  }
+
+  Status WaitUntilSaved() {
+    if (engine_) engine_->WaitAll();
+    (void)Poll(nullptr);
+    std::lock_guard lock(mu_);
+    return std::exchange(first_error_, Status::OK());
+  }
+
+  Status End(int64_t step) {
+    Status status;
+    if (schedule_.final_save_needed(step)) status = Save(step);
+    Status saved = WaitUntilSaved();
+    if (status.ok()) status = saved;
+    for (auto* listener : listeners_) listener->end(step);
+    return status;
+  }
+
+  const SaveSchedule& schedule() const { return schedule_; }
+
+  SaverTotals Totals() const {
+    std::lock_guard lock(mu_);
+    SaverTotals totals = totals_;
+    if (engine_) totals.staging_high_water_bytes = engine_->staging_high_water();
+    return totals;
+  }
+
+ private:
+  // From the engine's commit node, one save at a time, in step order.
+  void OnDone(const SaveStats& stats) {
+    const bool stop = NotifyAfterSave(listeners_, stats.step, stats);
+    std::lock_guard lock(mu_);
+    AddToTotals(stats, &totals_);
+    if (stop) stop_requested_by_listener_ = true;
+    if (!stats.status.ok()) unreported_failures_.push_back(stats.status);
+  }
+
+  SaverOptions options_;
+  const TensorRegistry* registry_;
+  std::vector<CheckpointSaverListener*> listeners_;
+  SaveSchedule schedule_;
+  SaverStorage storage_;
+  std::unique_ptr<Engine> engine_;
+
+  mutable std::mutex mu_;  // guards what the background reports
+  SaverTotals totals_;
+  std::vector<Status> unreported_failures_;
+  Status first_error_;
+  bool stop_requested_by_listener_ = false;
+};
+
+Result<std::unique_ptr<AsyncCheckpointSaverHook>> AsyncCheckpointSaverHook::Create(
+    SaverOptions options, const TensorRegistry* registry,
+    std::vector<CheckpointSaverListener*> listeners) {
+  if (registry == nullptr) return Status::InvalidArgument("the tensor registry must not be null");
+  RETURN_IF_ERROR(ValidateSaverOptions(options));
+  ASSIGN_OR_RETURN(SaveSchedule schedule, SaveSchedule::Create(options));
+  return std::unique_ptr<AsyncCheckpointSaverHook>(
+      new AsyncCheckpointSaverHook(std::make_unique<Impl>(
+          std::move(options), registry, std::move(listeners), std::move(schedule))));
+}
+
+AsyncCheckpointSaverHook::AsyncCheckpointSaverHook(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+AsyncCheckpointSaverHook::~AsyncCheckpointSaverHook() = default;
+
+Status AsyncCheckpointSaverHook::begin() { return impl_->Begin(); }
+
+Status AsyncCheckpointSaverHook::after_create_session(int64_t global_step) {
+  return impl_->Save(global_step);
+}
+
+Status AsyncCheckpointSaverHook::after_run(RunContext& context, const RunValues& values) {
+  (void)values;
+  RETURN_IF_ERROR(impl_->Poll(&context));
+  if (!impl_->schedule().due(context.step())) return Status::OK();
+  return impl_->Save(context.step());
+}
+
+Status AsyncCheckpointSaverHook::end(int64_t global_step) { return impl_->End(global_step); }
+
+Status AsyncCheckpointSaverHook::wait_until_saved() { return impl_->WaitUntilSaved(); }
+
+SaverTotals AsyncCheckpointSaverHook::totals() const { return impl_->Totals(); }
+
+}  // namespace asyncckpt

@@ -1,0 +1,64 @@
+#pragma once
+
+// What the synchronous and the asynchronous saver hooks share: option checks, the save
+// schedule (TensorFlow CheckpointSaverHook's rules), and the start-up of a checkpoint directory.
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "asyncckpt/saver_hook.h"
+#include "asyncckpt/timer.h"
+#include "io/file_system.h"
+#include "src/state/checkpoint_state.h"
+
+namespace asyncckpt {
+
+/// When to save: at the session's start, whenever the step/second timer fires after a step, and
+/// at the end when the last step was not saved.
+class SaveSchedule {
+ public:
+  /// Built from validated options.
+  static Result<SaveSchedule> Create(const SaverOptions& options);
+  /// True when a save is due after the step that made global step `step`.
+  bool due(int64_t step) const { return timer_.should_trigger_for_step(step); }
+  /// Records a save (or a skipped save's attempt) at `step`.
+  void mark(int64_t step) { (void)timer_.update_last_triggered_step(step); }
+  /// True when the end of the session must still save `step`.
+  bool final_save_needed(int64_t step) const { return timer_.last_triggered_step() != step; }
+
+ private:
+  explicit SaveSchedule(SecondOrStepTimer timer) : timer_(std::move(timer)) {}
+  SecondOrStepTimer timer_;
+};
+
+/// The file system and retention manager of a saver, ready after Start().
+struct SaverStorage {
+  /// io_uring or POSIX backend, as the options say.
+  std::unique_ptr<io::FileSystem> fs;
+  /// State file and retention.
+  std::unique_ptr<CheckpointManager> manager;
+
+  /// Creates checkpoint_dir, removes stale temporaries (logged and returned), recovers the
+  /// retained list from the state file.
+  Result<std::vector<std::string>> Start(const SaverOptions& options);
+};
+
+/// Makes every saver created afterwards use file systems from `factory` (null restores the
+/// default). For tests that put faults in a saver's way; not thread-safe with saver creation.
+void SetSaverFileSystemFactoryForTesting(
+    std::function<std::unique_ptr<io::FileSystem>(const SaverOptions&)> factory);
+
+/// Tells every listener about a finished save; true when one of them asks to stop.
+bool NotifyAfterSave(const std::vector<CheckpointSaverListener*>& listeners, int64_t step,
+                     const SaveStats& stats);
+
+/// Adds one finished save to the totals.
+void AddToTotals(const SaveStats& stats, SaverTotals* totals);
+
+/// Seconds since `start` on the steady clock.
+double SecondsSince(std::chrono::steady_clock::time_point start);
+
+}  // namespace asyncckpt

@@ -1,0 +1,153 @@
+#include "src/staging/staging_pool.h"
+
+#include <algorithm>
+
+namespace asyncckpt {
+
+StagingLease& StagingLease::operator=(StagingLease&& other) noexcept {
+  if (this != &other) {
+    reset();
+    pool_ = std::exchange(other.pool_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    capacity_ = std::exchange(other.capacity_, 0);
+  }
+  return *this;
+}
+
+void StagingLease::reset() {
+  if (pool_ != nullptr && data_ != nullptr) pool_->Release(data_, capacity_);
+  pool_ = nullptr;
+  data_ = nullptr;
+  size_ = 0;
+  capacity_ = 0;
+}
+
+StagingPool::StagingPool(std::shared_ptr<Device> device, uint64_t budget_bytes)
+    : device_(std::move(device)), budget_(RoundUp(std::max<uint64_t>(budget_bytes, kPageBytes))) {}
+
+StagingPool::~StagingPool() = default;
+
+Status StagingPool::EnsureRegionLocked() {
+  if (region_.data() != nullptr) return Status::OK();
+  auto region = device_->allocate_pinned(budget_);
+  if (!region.ok()) {
+    return region.status().WithContext("allocating " + std::to_string(budget_) +
+                                       " bytes of staging memory on " + device_->name());
+  }
+  region_ = std::move(region).value();
+  free_.clear();
+  free_[0] = budget_;
+  ++allocations_;
+  return Status::OK();
+}
+
+size_t StagingPool::CarveLocked(size_t capacity) {
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < capacity) continue;
+    const size_t offset = it->first;
+    const size_t left = it->second - capacity;
+    free_.erase(it);
+    if (left > 0) free_[offset + capacity] = left;
+    in_use_ += capacity;
+    high_water_ = std::max(high_water_, in_use_);
+    return offset;
+  }
+  return SIZE_MAX;
+}
+
+Result<StagingLease> StagingPool::lease(size_t bytes) {
+  const size_t capacity = RoundUp(std::max<size_t>(bytes, 1));
+  if (capacity > budget_) {
+    return Status::InvalidArgument("a staging lease of " + std::to_string(bytes) +
+                                   " bytes exceeds the staging budget of " +
+                                   std::to_string(budget_) + " bytes");
+  }
+  std::unique_lock lock(mu_);
+  if (Status status = EnsureRegionLocked(); !status.ok()) return status;
+  size_t offset = SIZE_MAX;
+  freed_.wait(lock, [&] { return cancelled_ || (offset = CarveLocked(capacity)) != SIZE_MAX; });
+  if (offset == SIZE_MAX) return Status::Cancelled("the staging pool was shut down");
+  return StagingLease(this, static_cast<uint8_t*>(region_.data()) + offset, bytes, capacity);
+}
+
+Result<StagingLease> StagingPool::try_lease(size_t bytes) {
+  const size_t capacity = RoundUp(std::max<size_t>(bytes, 1));
+  std::lock_guard lock(mu_);
+  if (capacity > budget_ || cancelled_) return StagingLease();
+  if (Status status = EnsureRegionLocked(); !status.ok()) return status;
+  const size_t offset = CarveLocked(capacity);
+  if (offset == SIZE_MAX) return StagingLease();
+  return StagingLease(this, static_cast<uint8_t*>(region_.data()) + offset, bytes, capacity);
+}
+
+bool StagingPool::has_room(size_t bytes) const {
+  const size_t capacity = RoundUp(std::max<size_t>(bytes, 1));
+  std::lock_guard lock(mu_);
+  if (region_.data() == nullptr) return capacity <= budget_;
+  for (const auto& [offset, size] : free_) {
+    if (size >= capacity) return true;
+  }
+  return false;
+}
+
+Status StagingPool::Prepare() {
+  std::lock_guard lock(mu_);
+  const bool fresh = region_.data() == nullptr;
+  if (Status status = EnsureRegionLocked(); !status.ok()) return status;
+  if (fresh) {
+    auto* bytes = static_cast<uint8_t*>(region_.data());
+    for (uint64_t offset = 0; offset < budget_; offset += kPageBytes) bytes[offset] = 0;
+  }
+  return Status::OK();
+}
+
+std::pair<uint8_t*, uint64_t> StagingPool::region() const {
+  std::lock_guard lock(mu_);
+  return {static_cast<uint8_t*>(region_.data()), region_.data() ? budget_ : 0};
+}
+
+void StagingPool::cancel() {
+  std::lock_guard lock(mu_);
+  cancelled_ = true;
+  freed_.notify_all();
+}
+
+void StagingPool::Release(uint8_t* data, size_t capacity) {
+  std::lock_guard lock(mu_);
+  size_t offset = static_cast<size_t>(data - static_cast<uint8_t*>(region_.data()));
+  size_t size = capacity;
+  auto next = free_.lower_bound(offset);
+  if (next != free_.end() && offset + size == next->first) {
+    size += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == offset) {
+      offset = prev->first;
+      size += prev->second;
+      free_.erase(prev);
+    }
+  }
+  free_[offset] = size;
+  in_use_ -= capacity;
+  freed_.notify_all();
+}
+
+uint64_t StagingPool::in_use() const {
+  std::lock_guard lock(mu_);
+  return in_use_;
+}
+
+uint64_t StagingPool::high_water() const {
+  std::lock_guard lock(mu_);
+  return high_water_;
+}
+
+uint64_t StagingPool::allocations() const {
+  std::lock_guard lock(mu_);
+  return allocations_;
+}
+
+}  // namespace asyncckpt

@@ -1,0 +1,114 @@
+#pragma once
+
+// A fixed budget of pinned host memory that snapshots are copied into. The whole budget is one
+// pinned region, allocated on first use and kept for the pool's life: after the first save no
+// save allocates or pins memory again. Leases are carved out of it first-fit in 4 KiB pages
+// (every lease starts 4096-aligned, so O_DIRECT writes can come straight from it) and returned
+// by their destructor, which wakes whoever waits for room.
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include "asyncckpt/device.h"
+#include "asyncckpt/status.h"
+
+namespace asyncckpt {
+
+class StagingPool;
+
+/// A piece of the pool, returned to it when destroyed. Move-only. The pool must outlive it.
+class StagingLease {
+ public:
+  /// An empty lease.
+  StagingLease() = default;
+  StagingLease(StagingLease&& other) noexcept { *this = std::move(other); }
+  StagingLease& operator=(StagingLease&& other) noexcept;
+  StagingLease(const StagingLease&) = delete;
+  StagingLease& operator=(const StagingLease&) = delete;
+  ~StagingLease() { reset(); }
+
+  /// First byte (4096-aligned); null for an empty lease.
+  uint8_t* data() const { return data_; }
+  /// Bytes asked for.
+  size_t size() const { return size_; }
+  /// Bytes reserved (size rounded up to whole pages): writes may cover this much.
+  size_t capacity() const { return capacity_; }
+  /// Returns the memory to the pool now.
+  void reset();
+
+ private:
+  friend class StagingPool;
+  StagingLease(StagingPool* pool, uint8_t* data, size_t size, size_t capacity)
+      : pool_(pool), data_(data), size_(size), capacity_(capacity) {}
+
+  StagingPool* pool_ = nullptr;
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  size_t capacity_ = 0;
+};
+
+/// The pool. Thread-safe.
+class StagingPool {
+ public:
+  /// Page size of the pool: leases start and end on multiples of it.
+  static constexpr size_t kPageBytes = 4096;
+
+  /// A pool of `budget_bytes` (rounded up to pages) of memory pinned by `device`.
+  StagingPool(std::shared_ptr<Device> device, uint64_t budget_bytes);
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+  /// Every lease must have been returned.
+  ~StagingPool();
+
+  /// Blocks until `bytes` are free, then leases them. InvalidArgument when `bytes` exceeds the
+  /// whole budget; Unavailable when the region cannot be allocated; Cancelled after cancel().
+  Result<StagingLease> lease(size_t bytes);
+  /// Leases `bytes` if they are free now; an empty lease when not.
+  Result<StagingLease> try_lease(size_t bytes);
+  /// True when `bytes` could be leased right now.
+  bool has_room(size_t bytes) const;
+  /// Allocates the region now (if not yet) and touches every page, so the first save pays no
+  /// page faults; Unavailable when it cannot be allocated.
+  Status Prepare();
+  /// The region's first byte and size (null before the first lease or Prepare()).
+  std::pair<uint8_t*, uint64_t> region() const;
+  /// Wakes every waiter with Cancelled (used when shutting down).
+  void cancel();
+
+  /// The budget in bytes (whole pages).
+  uint64_t budget() const { return budget_; }
+  /// Bytes leased now (whole pages).
+  uint64_t in_use() const;
+  /// Most bytes leased at once.
+  uint64_t high_water() const;
+  /// Times the pinned region was allocated (1 after the first lease; never more).
+  uint64_t allocations() const;
+
+  /// Pages needed for `bytes`.
+  static size_t RoundUp(size_t bytes) { return (bytes + kPageBytes - 1) / kPageBytes * kPageBytes; }
+
+ private:
+  friend class StagingLease;
+  Status EnsureRegionLocked();
+  // First fit; returns the offset or SIZE_MAX when nothing fits.
+  size_t CarveLocked(size_t capacity);
+  void Release(uint8_t* data, size_t capacity);
+
+  std::shared_ptr<Device> device_;
+  const uint64_t budget_;
+  mutable std::mutex mu_;
+  std::condition_variable freed_;
+  PinnedBuffer region_;
+  std::map<size_t, size_t> free_;  // offset -> bytes, coalesced
+  uint64_t in_use_ = 0;
+  uint64_t high_water_ = 0;
+  uint64_t allocations_ = 0;
+  bool cancelled_ = false;
+};
+
+}  // namespace asyncckpt

@@ -1,0 +1,13 @@
+#pragma once
+
+// The one place where an io::IoStatus (errno + message) becomes an asyncckpt::Status.
+
+#include "asyncckpt/status.h"
+#include "io/file_system.h"
+
+namespace asyncckpt {
+
+/// OK, NotFound for ENOENT, AlreadyExists for EEXIST, else IOError; the message is kept.
+Status ToStatus(const io::IoStatus& status);
+
+}  // namespace asyncckpt

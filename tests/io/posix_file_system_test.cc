@@ -1,0 +1,478 @@
+// Behaviour every backend shares: files, directories, errors. Runs against the POSIX backend
+// and, where a ring can be set up, the io_uring one (which reuses the POSIX file handling).
+
+#include "io/posix_file_system.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/file_system.h"
+
+namespace asyncckpt::io {
+namespace {
+
+struct FreeDeleter {
+  void operator()(void* p) const { std::free(p); }
+};
+
+std::vector<char> Pattern(size_t n, unsigned seed) {
+  std::vector<char> bytes(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (char& b : bytes) {
+    x = x * 1664525u + 1013904223u;
+    b = static_cast<char>(x >> 24);
+  }
+  return bytes;
+}
+
+void WriteHostFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+class FileSystemTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "posix") {
+      fs_ = NewPosixFileSystem();
+    } else {
+      std::string why;
+      fs_ = NewUringFileSystem(IoOptions{}, &why);
+      if (fs_ == nullptr) GTEST_SKIP() << "io_uring unavailable: " << why;
+    }
+    std::string pattern = ::testing::TempDir() + "/fs_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr) << std::strerror(errno);
+    root_ = pattern;
+  }
+  void TearDown() override {
+    if (!root_.empty()) std::filesystem::remove_all(root_);
+  }
+
+  std::string Path(const std::string& name) const { return root_ + "/" + name; }
+
+  std::unique_ptr<File> OpenForWrite(const std::string& path) {
+    std::unique_ptr<File> file;
+    OpenOptions options;
+    options.write = options.create = options.truncate = true;
+    IoStatus s = fs_->open(path, options, &file);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return file;
+  }
+
+  std::unique_ptr<File> OpenForRead(const std::string& path) {
+    std::unique_ptr<File> file;
+    IoStatus s = fs_->open(path, OpenOptions{}, &file);
+    EXPECT_TRUE(s.ok()) << s.message();
+    return file;
+  }
+
+  std::unique_ptr<FileSystem> fs_;
+  std::string root_;
+};
+
+TEST_P(FileSystemTest, WriteThenReadRoundTripsOddSizes) {
+  for (size_t n : {size_t{1}, size_t{4095}, size_t{4097}, size_t{100000}}) {
+    std::string path = Path("f" + std::to_string(n));
+    std::vector<char> data = Pattern(n, static_cast<unsigned>(n));
+    {
+      auto file = OpenForWrite(path);
+      ASSERT_NE(file, nullptr);
+      EXPECT_EQ(file->path(), path);
+      ASSERT_TRUE(file->write_at(0, data.data(), n).ok());
+      ASSERT_TRUE(file->sync().ok());
+      uint64_t size = 0;
+      ASSERT_TRUE(file->size(&size).ok());
+      EXPECT_EQ(size, n);
+    }
+    auto file = OpenForRead(path);
+    ASSERT_NE(file, nullptr);
+    std::vector<char> back(n);
+    IoStatus s = file->read_at(0, back.data(), n);
+    ASSERT_TRUE(s.ok()) << s.message();
+    EXPECT_EQ(back, data);
+    uint64_t size = 0;
+    ASSERT_TRUE(fs_->file_size(path, &size).ok());
+    EXPECT_EQ(size, n);
+  }
+}
+
+TEST_P(FileSystemTest, WriteAtOffsetLeavesAHoleOfZeros) {
+  auto file = OpenForWrite(Path("holes"));
+  ASSERT_TRUE(file->write_at(8192, "abc", 3).ok());
+  char back[8195];
+  ASSERT_TRUE(file->read_at(0, back, sizeof(back)).ok());
+  EXPECT_TRUE(std::all_of(back, back + 8192, [](char c) { return c == 0; }));
+  EXPECT_EQ(std::string(back + 8192, 3), "abc");
+}
+
+TEST_P(FileSystemTest, ReadPastEndIsEioNamingPathAndOffset) {
+  std::string path = Path("short");
+  auto file = OpenForWrite(path);
+  ASSERT_TRUE(file->write_at(0, "0123456789", 10).ok());
+  char back[16];
+  IoStatus s = file->read_at(4, back, sizeof(back));
+  EXPECT_EQ(s.error_number(), EIO);
+  EXPECT_NE(s.message().find("unexpected end of file"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("offset 4"), std::string::npos) << s.message();
+}
+
+TEST_P(FileSystemTest, OpenMissingFileNamesPath) {
+  std::string path = Path("missing/file");
+  std::unique_ptr<File> file;
+  IoStatus s = fs_->open(path, OpenOptions{}, &file);
+  EXPECT_EQ(s.error_number(), ENOENT);
+  EXPECT_EQ(s.message(), "open " + path + ": " + std::strerror(ENOENT));
+  EXPECT_EQ(file, nullptr);
+}
+
+TEST_P(FileSystemTest, WriteToReadOnlyFileFailsNamingPathAndOffset) {
+  std::string path = Path("ro");
+  WriteHostFile(path, "x");
+  auto file = OpenForRead(path);
+  IoStatus s = file->write_at(7, "y", 1);
+  EXPECT_EQ(s.error_number(), EBADF);
+  EXPECT_NE(s.message().find("write " + path + " at offset 7"), std::string::npos) << s.message();
+}
+
+// RLIMIT_FSIZE makes the kernel write only up to the limit and then fail with EFBIG: the
+// one portable way to force a short write. Single writes and batches must both continue the
+// short write from where it stopped, so the error names the limit as the offset.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t bytes) {
+    ::getrlimit(RLIMIT_FSIZE, &saved_);
+    old_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit limit = saved_;
+    limit.rlim_cur = bytes;
+    ok_ = ::setrlimit(RLIMIT_FSIZE, &limit) == 0;
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &saved_);
+    std::signal(SIGXFSZ, old_handler_);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  rlimit saved_{};
+  void (*old_handler_)(int) = nullptr;
+  bool ok_ = false;
+};
+
+TEST_P(FileSystemTest, ShortWriteIsContinuedFromWhereItStopped) {
+  std::string path = Path("limited");
+  auto file = OpenForWrite(path);
+  std::vector<char> data = Pattern(10000, 4);
+  IoStatus single, batch;
+  {
+    FileSizeLimit limit(6000);
+    ASSERT_TRUE(limit.ok());
+    single = file->write_at(0, data.data(), data.size());
+    std::vector<WriteOp> writes = {{file.get(), 0, data.data(), data.size()}};
+    batch = fs_->write_batch(writes);
+  }
+  for (const IoStatus& s : {single, batch}) {
+    EXPECT_EQ(s.error_number(), EFBIG) << s.message();
+    EXPECT_NE(s.message().find("write " + path + " at offset 6000"), std::string::npos)
+        << s.message();
+  }
+  std::vector<char> back(6000);
+  ASSERT_TRUE(file->read_at(0, back.data(), back.size()).ok());
+  EXPECT_TRUE(std::equal(back.begin(), back.end(), data.begin()));
+}
+
+TEST_P(FileSystemTest, TruncateSetsSize) {
+  auto file = OpenForWrite(Path("t"));
+  std::vector<char> data = Pattern(10000, 3);
+  ASSERT_TRUE(file->write_at(0, data.data(), data.size()).ok());
+  ASSERT_TRUE(file->truncate(1234).ok());
+  uint64_t size = 0;
+  ASSERT_TRUE(file->size(&size).ok());
+  EXPECT_EQ(size, 1234u);
+}
+
+TEST_P(FileSystemTest, DirectIoRoundTripsAlignedBuffers) {
+  std::string path = Path("direct");
+  std::unique_ptr<File> file;
+  OpenOptions options;
+  options.write = options.create = options.truncate = options.direct = true;
+  ASSERT_TRUE(fs_->open(path, options, &file).ok());
+  if (!file->is_direct()) GTEST_SKIP() << "file system refuses O_DIRECT";
+  constexpr size_t kBytes = 3 * 4096;
+  void* raw = nullptr;
+  ASSERT_EQ(::posix_memalign(&raw, 4096, kBytes), 0);
+  std::unique_ptr<void, FreeDeleter> buffer(raw);
+  std::vector<char> data = Pattern(kBytes, 9);
+  std::memcpy(buffer.get(), data.data(), kBytes);
+  IoStatus s = file->write_at(4096, buffer.get(), kBytes);
+  ASSERT_TRUE(s.ok()) << s.message();
+  ASSERT_TRUE(file->sync().ok());
+  std::memset(buffer.get(), 0, kBytes);
+  s = file->read_at(4096, buffer.get(), kBytes);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(std::memcmp(buffer.get(), data.data(), kBytes), 0);
+  // An unaligned length is refused by the kernel and reported, not silently buffered.
+  s = file->write_at(0, buffer.get(), 100);
+  EXPECT_EQ(s.error_number(), EINVAL) << s.message();
+}
+
+TEST_P(FileSystemTest, BatchRoundTripsManyOps) {
+  auto file = OpenForWrite(Path("batch"));
+  constexpr size_t kOps = 300;
+  std::vector<std::vector<char>> chunks;
+  std::vector<WriteOp> writes;
+  uint64_t offset = 0;
+  for (size_t i = 0; i < kOps; ++i) {
+    chunks.push_back(Pattern(100 + i * 7, static_cast<unsigned>(i)));
+    writes.push_back({file.get(), offset, chunks.back().data(), chunks.back().size()});
+    offset += chunks.back().size();
+  }
+  IoStatus s = fs_->write_batch(writes);
+  ASSERT_TRUE(s.ok()) << s.message();
+  std::vector<std::vector<char>> back(kOps);
+  std::vector<ReadOp> reads;
+  for (size_t i = 0; i < kOps; ++i) {
+    back[i].resize(chunks[i].size());
+    reads.push_back({file.get(), writes[i].offset, back[i].data(), back[i].size()});
+  }
+  s = fs_->read_batch(reads);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(back, chunks);
+}
+
+TEST_P(FileSystemTest, BatchReadPastEndFailsNamingPath) {
+  std::string path = Path("batch_eof");
+  auto file = OpenForWrite(path);
+  ASSERT_TRUE(file->write_at(0, "0123456789", 10).ok());
+  char a[5], b[20];
+  std::vector<ReadOp> reads = {{file.get(), 0, a, sizeof(a)}, {file.get(), 0, b, sizeof(b)}};
+  IoStatus s = fs_->read_batch(reads);
+  EXPECT_EQ(s.error_number(), EIO);
+  EXPECT_NE(s.message().find("unexpected end of file"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
+  EXPECT_EQ(std::string(a, 5), "01234");
+}
+
+TEST_P(FileSystemTest, BatchOpWithoutFileIsInvalid) {
+  char byte = 0;
+  std::vector<WriteOp> writes = {{nullptr, 0, &byte, 1}};
+  EXPECT_EQ(fs_->write_batch(writes).error_number(), EINVAL);
+}
+
+TEST_P(FileSystemTest, CreateDirFailsWhenItExists) {
+  std::string path = Path("d");
+  ASSERT_TRUE(fs_->create_dir(path).ok());
+  IoStatus s = fs_->create_dir(path);
+  EXPECT_EQ(s.error_number(), EEXIST);
+  EXPECT_NE(s.message().find(path), std::string::npos);
+}
+
+TEST_P(FileSystemTest, CreateDirsMakesParentsAndAcceptsExisting) {
+  std::string path = Path("a/b//c/");
+  ASSERT_TRUE(fs_->create_dirs(path).ok());
+  ASSERT_TRUE(fs_->create_dirs(path).ok());
+  bool exists = false, is_dir = false;
+  ASSERT_TRUE(fs_->stat(Path("a/b/c"), &exists, &is_dir).ok());
+  EXPECT_TRUE(exists);
+  EXPECT_TRUE(is_dir);
+}
+
+TEST_P(FileSystemTest, CreateDirsThroughAFileIsNotADirectory) {
+  WriteHostFile(Path("plain"), "x");
+  IoStatus s = fs_->create_dirs(Path("plain/sub"));
+  EXPECT_EQ(s.error_number(), ENOTDIR);
+  EXPECT_NE(s.message().find(Path("plain")), std::string::npos) << s.message();
+}
+
+TEST_P(FileSystemTest, StatReportsMissingWithoutError) {
+  bool exists = true, is_dir = true;
+  ASSERT_TRUE(fs_->stat(Path("nope"), &exists, &is_dir).ok());
+  EXPECT_FALSE(exists);
+  EXPECT_FALSE(is_dir);
+  WriteHostFile(Path("file"), "x");
+  ASSERT_TRUE(fs_->stat(Path("file"), &exists, &is_dir).ok());
+  EXPECT_TRUE(exists);
+  EXPECT_FALSE(is_dir);
+}
+
+TEST_P(FileSystemTest, ListDirReturnsNamesWithoutDots) {
+  ASSERT_TRUE(fs_->create_dir(Path("sub")).ok());
+  WriteHostFile(Path("x"), "1");
+  WriteHostFile(Path("y"), "2");
+  std::vector<std::string> names;
+  ASSERT_TRUE(fs_->list_dir(root_, &names).ok());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"sub", "x", "y"}));
+  IoStatus s = fs_->list_dir(Path("gone"), &names);
+  EXPECT_EQ(s.error_number(), ENOENT);
+  EXPECT_NE(s.message().find(Path("gone")), std::string::npos);
+}
+
+TEST_P(FileSystemTest, RemoveFileAndMissingFileError) {
+  WriteHostFile(Path("x"), "1");
+  ASSERT_TRUE(fs_->remove_file(Path("x")).ok());
+  IoStatus s = fs_->remove_file(Path("x"));
+  EXPECT_EQ(s.error_number(), ENOENT);
+  EXPECT_NE(s.message().find(Path("x")), std::string::npos);
+}
+
+TEST_P(FileSystemTest, RemoveTreeRemovesNestedDirsButNotSymlinkTargets) {
+  ASSERT_TRUE(fs_->create_dirs(Path("tree/a/b/c")).ok());
+  WriteHostFile(Path("tree/a/file"), "1");
+  WriteHostFile(Path("tree/a/b/c/deep"), "2");
+  ASSERT_TRUE(fs_->create_dirs(Path("outside/keep_dir")).ok());
+  WriteHostFile(Path("outside/keep"), "3");
+  ASSERT_EQ(::symlink(Path("outside").c_str(), Path("tree/a/b/link_dir").c_str()), 0);
+  ASSERT_EQ(::symlink(Path("outside/keep").c_str(), Path("tree/link_file").c_str()), 0);
+
+  IoStatus s = fs_->remove_tree(Path("tree"));
+  ASSERT_TRUE(s.ok()) << s.message();
+  bool exists = true, is_dir = false;
+  ASSERT_TRUE(fs_->stat(Path("tree"), &exists, &is_dir).ok());
+  EXPECT_FALSE(exists);
+  ASSERT_TRUE(fs_->stat(Path("outside/keep"), &exists, &is_dir).ok());
+  EXPECT_TRUE(exists);
+  ASSERT_TRUE(fs_->stat(Path("outside/keep_dir"), &exists, &is_dir).ok());
+  EXPECT_TRUE(exists && is_dir);
+}
+
+TEST_P(FileSystemTest, RemoveTreeOfSymlinkRemovesOnlyTheLink) {
+  ASSERT_TRUE(fs_->create_dirs(Path("target/inner")).ok());
+  ASSERT_EQ(::symlink(Path("target").c_str(), Path("link").c_str()), 0);
+  ASSERT_TRUE(fs_->remove_tree(Path("link")).ok());
+  bool exists = false, is_dir = false;
+  ASSERT_TRUE(fs_->stat(Path("target/inner"), &exists, &is_dir).ok());
+  EXPECT_TRUE(exists);
+  EXPECT_EQ(fs_->remove_tree(Path("link")).error_number(), ENOENT);
+}
+
+TEST_P(FileSystemTest, RenameReplacesFile) {
+  WriteHostFile(Path("a"), "new");
+  WriteHostFile(Path("b"), "old");
+  ASSERT_TRUE(fs_->rename(Path("a"), Path("b")).ok());
+  uint64_t size = 0;
+  ASSERT_TRUE(fs_->file_size(Path("b"), &size).ok());
+  EXPECT_EQ(size, 3u);
+  IoStatus s = fs_->rename(Path("a"), Path("c"));
+  EXPECT_EQ(s.error_number(), ENOENT);
+  EXPECT_NE(s.message().find(Path("a")), std::string::npos);
+  EXPECT_NE(s.message().find(Path("c")), std::string::npos);
+}
+
+TEST_P(FileSystemTest, ExchangeSwapsTwoDirectories) {
+  ASSERT_TRUE(fs_->create_dirs(Path("one")).ok());
+  ASSERT_TRUE(fs_->create_dirs(Path("two")).ok());
+  WriteHostFile(Path("one/marker1"), "1");
+  WriteHostFile(Path("two/marker2"), "2");
+  IoStatus s = fs_->exchange(Path("one"), Path("two"));
+  if (s.error_number() == ENOSYS || s.error_number() == EINVAL) {
+    GTEST_SKIP() << "RENAME_EXCHANGE unsupported here: " << s.message();
+  }
+  ASSERT_TRUE(s.ok()) << s.message();
+  bool exists = false, is_dir = false;
+  ASSERT_TRUE(fs_->stat(Path("one/marker2"), &exists, &is_dir).ok());
+  EXPECT_TRUE(exists);
+  ASSERT_TRUE(fs_->stat(Path("two/marker1"), &exists, &is_dir).ok());
+  EXPECT_TRUE(exists);
+  s = fs_->exchange(Path("one"), Path("missing"));
+  EXPECT_EQ(s.error_number(), ENOENT);
+  EXPECT_NE(s.message().find(Path("missing")), std::string::npos);
+}
+
+TEST_P(FileSystemTest, SyncDirSucceedsAndNamesMissingDir) {
+  ASSERT_TRUE(fs_->sync_dir(root_).ok());
+  IoStatus s = fs_->sync_dir(Path("nope"));
+  EXPECT_EQ(s.error_number(), ENOENT);
+  EXPECT_NE(s.message().find(Path("nope")), std::string::npos);
+}
+
+TEST(IoStatusTest, FromErrnoNamesOpPathAndReason) {
+  IoStatus s = IoStatus::FromErrno(ENOSPC, "write", "/ckpt/x at offset 4096");
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.error_number(), ENOSPC);
+  EXPECT_EQ(s.message(), std::string("write /ckpt/x at offset 4096: ") + std::strerror(ENOSPC));
+  EXPECT_TRUE(IoStatus::FromErrno(0, "write", "x").ok());
+}
+
+TEST(DefaultFileSystemTest, ForcedPosixIsNotAFallback) {
+  IoOptions options;
+  options.force_posix = true;
+  std::string reason = "stale";
+  auto fs = NewDefaultFileSystem(options, &reason);
+  ASSERT_NE(fs, nullptr);
+  EXPECT_EQ(fs->name(), "posix");
+  EXPECT_TRUE(reason.empty());
+}
+
+TEST(DefaultFileSystemTest, PicksUringOrSaysWhyNot) {
+  std::string reason;
+  auto fs = NewDefaultFileSystem(IoOptions{}, &reason);
+  ASSERT_NE(fs, nullptr);
+  if (fs->name() == "io_uring") {
+    EXPECT_TRUE(reason.empty());
+  } else {
+    EXPECT_EQ(fs->name(), "posix");
+    EXPECT_NE(reason.find("io_uring unavailable"), std::string::npos) << reason;
+  }
+}
+
+// In a child process with io_uring_setup() blocked by seccomp (as in many sandboxes), the
+// default file system must fall back to POSIX and say why. Exit codes: 0 as expected,
+// 1 not as expected, 2 seccomp unavailable.
+int CheckFallbackWithIoUringBlocked() {
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog program = {static_cast<unsigned short>(std::size(filter)), filter};
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return 2;
+  if (::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) return 2;
+  std::string why;
+  if (NewUringFileSystem(IoOptions{}, &why) != nullptr) return 1;
+  std::string reason;
+  auto fs = NewDefaultFileSystem(IoOptions{}, &reason);
+  std::string expected = "io_uring unavailable (io_uring_queue_init (queue depth 64): " +
+                         std::string(std::strerror(EPERM)) + "); using POSIX I/O";
+  return fs != nullptr && fs->name() == "posix" && reason == expected ? 0 : 1;
+}
+
+TEST(DefaultFileSystemTest, FallsBackToPosixWhenIoUringIsBlocked) {
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0) << std::strerror(errno);
+  if (pid == 0) ::_exit(CheckFallbackWithIoUringBlocked());
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "child status " << status;
+  if (WEXITSTATUS(status) == 2) GTEST_SKIP() << "seccomp filters unavailable here";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "wrong backend or fallback reason";
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, FileSystemTest, ::testing::Values("posix", "io_uring"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace asyncckpt::io
