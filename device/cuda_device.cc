@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 namespace asyncckpt {
@@ -15,13 +17,42 @@ Status CudaError(cudaError_t err, const std::string& what) {
 
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
+constexpr size_t kPinnedAlignment = 4096;
+
+// Makes `ordinal` the calling thread's current device for the guard's life, then gives the
+// caller back the device it had: the library runs on the training thread and must not change
+// which GPU that thread's later calls go to.
+class ScopedDevice {
+ public:
+  explicit ScopedDevice(int ordinal) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ == ordinal) {
+      previous_ = -1;  // nothing to give back
+    } else {
+      error_ = cudaSetDevice(ordinal);
+    }
+  }
+  ~ScopedDevice() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  ScopedDevice(const ScopedDevice&) = delete;
+  ScopedDevice& operator=(const ScopedDevice&) = delete;
+
+  /// The failure of making the device current, if any.
+  cudaError_t error() const { return error_; }
+
+ private:
+  int previous_ = -1;
+  cudaError_t error_ = cudaSuccess;
+};
+
 // Completion of one copy: a CUDA event recorded on the copy stream after the copy.
 class CudaFence final : public CopyFence {
  public:
   CudaFence(int ordinal, cudaEvent_t event) : ordinal_(ordinal), event_(event) {}
   ~CudaFence() override { cudaEventDestroy(event_); }
   Status wait() override {
-    cudaSetDevice(ordinal_);
+    ScopedDevice on(ordinal_);
     cudaError_t err = cudaEventSynchronize(event_);
     return err == cudaSuccess ? Status::OK() : CudaError(err, "waiting for a device copy");
   }
@@ -73,34 +104,49 @@ Result<std::shared_ptr<CudaDeviceImpl>> CudaDeviceImpl::Open(int ordinal) {
     return Status::InvalidArgument("CUDA device " + std::to_string(ordinal) +
                                    " does not exist; this machine has " + std::to_string(count));
   }
-  if ((err = cudaSetDevice(ordinal)) != cudaSuccess) return CudaError(err, "cudaSetDevice");
+  ScopedDevice on(ordinal);
+  if (on.error() != cudaSuccess) return CudaError(on.error(), "cudaSetDevice");
   cudaStream_t stream = nullptr;
-  if ((err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)) != cudaSuccess) {
+  // A blocking stream: without a compute stream, copies then start only after the work queued
+  // on the legacy default stream, so a job that computes there never snapshots half a step.
+  if ((err = cudaStreamCreateWithFlags(&stream, cudaStreamDefault)) != cudaSuccess) {
     return CudaError(err, "creating the copy stream");
   }
   return std::shared_ptr<CudaDeviceImpl>(new CudaDeviceImpl(ordinal, stream));
 }
 
 CudaDeviceImpl::~CudaDeviceImpl() {
-  cudaSetDevice(ordinal_);
+  ScopedDevice on(ordinal_);
   cudaStreamSynchronize(AsStream(copy_stream_));
   cudaStreamDestroy(AsStream(copy_stream_));
 }
 
 Result<PinnedBuffer> CudaDeviceImpl::allocate_pinned(size_t bytes) {
-  cudaSetDevice(ordinal_);
-  void* data = nullptr;
-  cudaError_t err = cudaHostAlloc(&data, bytes == 0 ? 1 : bytes, cudaHostAllocPortable);
-  if (err != cudaSuccess) {
-    return CudaError(err, "cudaHostAlloc of " + std::to_string(bytes) + " bytes");
+  ScopedDevice on(ordinal_);
+  // Whole pages, as on the host device, so O_DIRECT I/O of the last block stays inside.
+  const size_t rounded =
+      std::max<size_t>(1, (bytes + kPinnedAlignment - 1) / kPinnedAlignment) * kPinnedAlignment;
+  void* base = nullptr;
+  cudaError_t err = cudaHostAlloc(&base, rounded, cudaHostAllocPortable);
+  if (err == cudaSuccess && reinterpret_cast<uintptr_t>(base) % kPinnedAlignment != 0) {
+    // CUDA promises only 256-byte alignment; O_DIRECT needs pages, so align by hand.
+    cudaFreeHost(base);
+    base = nullptr;
+    err = cudaHostAlloc(&base, rounded + kPinnedAlignment, cudaHostAllocPortable);
   }
-  return PinnedBuffer(data, bytes, [](void* p) { cudaFreeHost(p); });
+  if (err != cudaSuccess) {
+    return CudaError(err, "cudaHostAlloc of " + std::to_string(bytes) + " bytes on " + name());
+  }
+  const uintptr_t address = reinterpret_cast<uintptr_t>(base);
+  void* data = reinterpret_cast<void*>((address + kPinnedAlignment - 1) / kPinnedAlignment *
+                                       kPinnedAlignment);
+  return PinnedBuffer(data, bytes, [base](void*) { cudaFreeHost(base); });
 }
 
 Result<std::unique_ptr<CopyFence>> CudaDeviceImpl::copy_to_host_async(const void* device_src,
                                                                       void* host_dst,
                                                                       size_t bytes) {
-  cudaSetDevice(ordinal_);
+  ScopedDevice on(ordinal_);
   std::lock_guard lock(mutex_);
   cudaError_t err;
   if (compute_stream_ != nullptr) {
@@ -120,19 +166,19 @@ Result<std::unique_ptr<CopyFence>> CudaDeviceImpl::copy_to_host_async(const void
     if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync device to host");
   }
   cudaEvent_t done = nullptr;
-  if ((err = cudaEventCreateWithFlags(&done, cudaEventDisableTiming)) != cudaSuccess) {
-    return CudaError(err, "cudaEventCreate");
+  if ((err = cudaEventCreateWithFlags(&done, cudaEventDisableTiming)) == cudaSuccess &&
+      (err = cudaEventRecord(done, AsStream(copy_stream_))) == cudaSuccess) {
+    return std::unique_ptr<CopyFence>(std::make_unique<CudaFence>(ordinal_, done));
   }
-  if ((err = cudaEventRecord(done, AsStream(copy_stream_))) != cudaSuccess) {
-    cudaEventDestroy(done);
-    return CudaError(err, "cudaEventRecord");
-  }
-  return std::unique_ptr<CopyFence>(std::make_unique<CudaFence>(ordinal_, done));
+  if (done != nullptr) cudaEventDestroy(done);
+  // The caller frees host_dst on failure: the copy already queued must not land in it later.
+  cudaStreamSynchronize(AsStream(copy_stream_));
+  return CudaError(err, "recording the completion of a device copy on " + name());
 }
 
 Status CudaDeviceImpl::copy_from_host(const void* host_src, void* device_dst, size_t bytes) {
   if (bytes == 0) return Status::OK();
-  cudaSetDevice(ordinal_);
+  ScopedDevice on(ordinal_);
   cudaError_t err;
   {
     std::lock_guard lock(mutex_);
@@ -149,7 +195,7 @@ void CudaDeviceImpl::set_compute_stream(void* stream) {
 }
 
 Status CudaDeviceImpl::wait_for_copies_on_compute_stream() {
-  cudaSetDevice(ordinal_);
+  ScopedDevice on(ordinal_);
   std::lock_guard lock(mutex_);
   if (compute_stream_ == nullptr) {
     return Status::FailedPrecondition("stream-ordered mode needs a compute stream");

@@ -9,10 +9,14 @@
 
 namespace asyncckpt {
 
-/// GPU memory of one CUDA device. Pinned memory comes from cudaHostAlloc; device-to-host copies
-/// run with cudaMemcpyAsync on a dedicated copy stream and complete on a CUDA event. When a
-/// compute stream is set (stream-ordered mode), every copy first waits on the compute stream's
-/// work so far, and wait_for_copies_on_compute_stream() makes later compute wait for the copies.
+/// GPU memory of one CUDA device. Pinned memory comes from cudaHostAlloc (whole pages, 4096-
+/// aligned); device-to-host copies run with cudaMemcpyAsync on a dedicated copy stream and
+/// complete on a CUDA event. The copy stream is a blocking stream: every copy starts after the
+/// work queued on the legacy default stream before it. Work on other streams is not waited for
+/// unless a compute stream is set (stream-ordered mode): then every copy first waits on the
+/// compute stream's work so far, and wait_for_copies_on_compute_stream() makes later compute
+/// wait for the copies; without one, the caller synchronizes such streams before a save.
+/// Every call leaves the calling thread's current CUDA device as it found it.
 class CudaDeviceImpl final : public Device {
  public:
   /// Opens GPU `ordinal` and creates its copy stream.

@@ -3,6 +3,7 @@
 
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "asyncckpt/input_pipeline.h"
 #include "asyncckpt/reader.h"
 #include "asyncckpt/saver_hook.h"
 #include "asyncckpt/session.h"
@@ -59,6 +61,14 @@ const std::vector<FlagSpec>& TrainSimFlags() {
       {"io", "auto", "I/O backend: auto (io_uring when available), uring or posix"},
       {"o_direct", "", "write data files with O_DIRECT where the file system allows", true},
       {"seed", "42", "seed of the initial state and the synthetic gradients"},
+      {"dataset", "",
+       "dataset file (default: <checkpoint_dir>/train-sim-dataset.bin, written if missing)"},
+      {"dataset_records", "4096", "records in a generated dataset"},
+      {"record_bytes", "64", "bytes per record in a generated dataset"},
+      {"batch_size", "32", "records consumed per step"},
+      {"shuffle_buffer", "1024", "records in the input's shuffle buffer"},
+      {"prefetch", "64", "records read ahead by the input's prefetch thread"},
+      {"epochs", "-1", "passes over the dataset (-1 repeats forever); the job ends with the data"},
       {"metrics_json", "", "write the summary as one JSON object to this file"},
       {"verify", "", "after training, verify every checkpoint the state file lists", true},
       {"quiet", "", "no progress line", true},
@@ -79,6 +89,11 @@ struct TrainSimConfig {
   bool verify = false;
   bool quiet = false;
   bool dir_was_given = false;
+  std::string dataset;
+  uint64_t dataset_records = 0;
+  uint32_t record_bytes = 0;
+  size_t batch_size = 0;
+  RecordDatasetOptions input;
 };
 
 Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
@@ -154,6 +169,27 @@ Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
   }
   saver.force_posix_io = io == "posix";
   saver.use_o_direct = flags.get_switch("o_direct");
+  config.dataset = flags.get("dataset");
+  ASSIGN_OR_RETURN(int64_t records, flags.get_int("dataset_records"));
+  ASSIGN_OR_RETURN(int64_t record_bytes, flags.get_int("record_bytes"));
+  ASSIGN_OR_RETURN(int64_t batch, flags.get_int("batch_size"));
+  ASSIGN_OR_RETURN(int64_t shuffle, flags.get_int("shuffle_buffer"));
+  ASSIGN_OR_RETURN(int64_t prefetch, flags.get_int("prefetch"));
+  ASSIGN_OR_RETURN(config.input.epochs, flags.get_int("epochs"));
+  if (records < 1 || record_bytes < 1 || record_bytes > (1 << 20) || batch < 1 ||
+      batch > (1 << 20) || shuffle < 1 || shuffle > (1 << 24) || prefetch < 1 ||
+      prefetch > (1 << 20) || config.input.epochs < -1) {
+    return Status::InvalidArgument(
+        "input flags out of range: need --dataset_records >= 1, --record_bytes in [1, 1MiB], "
+        "--batch_size in [1, 2^20], --shuffle_buffer in [1, 2^24], --prefetch in [1, 2^20], "
+        "--epochs >= -1");
+  }
+  config.dataset_records = static_cast<uint64_t>(records);
+  config.record_bytes = static_cast<uint32_t>(record_bytes);
+  config.batch_size = static_cast<size_t>(batch);
+  config.input.shuffle_buffer = static_cast<size_t>(shuffle);
+  config.input.prefetch = static_cast<size_t>(prefetch);
+  config.input.seed = config.model.seed;
   config.metrics_json = flags.get("metrics_json");
   config.verify = flags.get_switch("verify");
   config.quiet = flags.get_switch("quiet");
@@ -242,6 +278,9 @@ struct RunSummary {
   SaverTotals totals;
   int verified = -1;  // -1: not asked; else the number verified
   uint64_t state_bytes = 0;
+  uint64_t input_digest = 0;
+  int64_t records_consumed = 0;
+  int64_t input_checkpoints = 0;
 };
 
 Result<std::unique_ptr<SessionRunHook>> MakeSaverHook(const TrainSimConfig& config,
@@ -262,17 +301,71 @@ Result<std::unique_ptr<SessionRunHook>> MakeSaverHook(const TrainSimConfig& conf
   return std::unique_ptr<SessionRunHook>(std::move(hook).value());
 }
 
+// Restores the model at the newest step that has both a model and an input checkpoint (so the
+// input resumes at exactly that step), else at the latest model checkpoint.
 Result<int64_t> RestoreIfPresent(const TrainSimConfig& config, const TensorRegistry& registry) {
-  auto latest = LatestCheckpoint(config.saver.checkpoint_dir);
+  const std::string& dir = config.saver.checkpoint_dir;
+  auto latest = LatestCheckpoint(dir);
   if (!latest.ok()) {
     if (latest.status().code() == StatusCode::kNotFound) return int64_t{0};
     return latest.status();
   }
-  ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(*latest));
-  RETURN_IF_ERROR(reader->restore(registry).WithContext("restoring " + *latest));
-  std::fprintf(stderr, "train-sim: resuming from %s at step %" PRId64 "\n", latest->c_str(),
-               reader->metadata().step);
+  ASSIGN_OR_RETURN(std::optional<int64_t> common,
+                   NewestCompleteStep(dir, config.saver.basename, "input.ckpt"));
+  std::string path = *latest;
+  if (common) path = dir + "/" + config.saver.basename + "-" + std::to_string(*common);
+  ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(path));
+  RETURN_IF_ERROR(reader->restore(registry).WithContext("restoring " + path));
+  if (common) {
+    std::fprintf(stderr,
+                 "train-sim: resuming at step %" PRId64 " from %s and %s/input.ckpt-%" PRId64
+                 " (the newest step with both a model and an input checkpoint)\n",
+                 *common, path.c_str(), dir.c_str(), *common);
+  } else {
+    std::fprintf(stderr,
+                 "train-sim: resuming from %s at step %" PRId64
+                 "; no input checkpoint of that step, so the input restarts from its latest\n",
+                 path.c_str(), reader->metadata().step);
+  }
   return reader->metadata().step;
+}
+
+Result<std::unique_ptr<RecordDatasetIterator>> OpenInput(TrainSimConfig& config) {
+  if (config.dataset.empty())
+    config.dataset = config.saver.checkpoint_dir + "/train-sim-dataset.bin";
+  std::error_code ec;
+  std::filesystem::create_directories(config.saver.checkpoint_dir, ec);
+  if (!std::filesystem::exists(config.dataset, ec)) {
+    RETURN_IF_ERROR(WriteRecordDataset(config.dataset, config.dataset_records, config.record_bytes,
+                                       config.model.seed)
+                        .WithContext("writing the synthetic dataset"));
+  }
+  config.input.path = config.dataset;
+  return RecordDatasetIterator::Open(config.input);
+}
+
+Result<std::unique_ptr<CheckpointInputPipelineHook>> MakeInputHook(const TrainSimConfig& config,
+                                                                   RecordDatasetIterator* input) {
+  InputPipelineOptions options;
+  options.checkpoint_dir = config.saver.checkpoint_dir;
+  options.save_steps = config.saver.save_steps;
+  options.save_secs = config.saver.save_secs;
+  options.max_to_keep = config.saver.max_to_keep;
+  options.compression = config.saver.compression;
+  return CheckpointInputPipelineHook::Create(options, input);
+}
+
+uint64_t IteratorDigest(RecordDatasetIterator& input) {
+  IteratorState state;
+  if (!input.save(&state).ok()) return 0;
+  XXH3_state_t* hash = XXH3_createState();
+  XXH3_64bits_reset(hash);
+  for (const auto& entry : state.entries()) {
+    XXH3_64bits_update(hash, entry.bytes.data(), entry.bytes.size());
+  }
+  const uint64_t digest = XXH3_64bits_digest(hash);
+  XXH3_freeState(hash);
+  return digest;
 }
 
 Status VerifyListed(const std::string& dir, int* verified) {
@@ -304,10 +397,14 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
   summary->state_bytes = registry.total_bytes();
   ASSIGN_OR_RETURN(summary->start_step, RestoreIfPresent(config, registry));
 
+  ASSIGN_OR_RETURN(auto input, OpenInput(config));
   SaveRecorder recorder;
   std::function<SaverTotals()> totals;
   ASSIGN_OR_RETURN(auto hook, MakeSaverHook(config, &registry, &recorder, &totals));
-  ASSIGN_OR_RETURN(auto session, MonitoredSession::Create({hook.get()}, summary->start_step));
+  ASSIGN_OR_RETURN(auto input_hook, MakeInputHook(config, input.get()));
+  ASSIGN_OR_RETURN(auto session,
+                   MonitoredSession::Create({hook.get(), input_hook.get()}, summary->start_step));
+  std::vector<uint8_t> batch;
 
   const auto wall_start = SteadyClock::now();
   auto last_progress = wall_start;
@@ -315,7 +412,8 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
   while (!session->should_stop() && session->global_step() < config.steps) {
     const auto step_start = SteadyClock::now();
     status = session->run([&](StepContext& ctx) {
-      model->Step(ctx.step(), 0);
+      RETURN_IF_ERROR(input->next_batch(config.batch_size, &batch));
+      model->Step(ctx.step(), XXH3_64bits(batch.data(), batch.size()));
       if (config.step_ms > 0) {
         std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config.step_ms));
       }
@@ -335,6 +433,11 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
           session->global_step(), config.steps, now.saves_committed, now.blocked_seconds_total);
     }
   }
+  if (status.code() == StatusCode::kOutOfRange) {
+    std::fprintf(stderr, "\ntrain-sim: the dataset ended at step %" PRId64 "\n",
+                 session->global_step());
+    status = Status::OK();
+  }
   Status closed = session->close();
   if (!config.quiet) std::fprintf(stderr, "\n");
   if (status.ok()) status = closed;
@@ -343,6 +446,9 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
   summary->final_step = session->global_step();
   summary->totals = totals();
   summary->digest = model->Digest();
+  summary->input_digest = IteratorDigest(*input);
+  summary->records_consumed = input->records_emitted();
+  summary->input_checkpoints = input_hook->saves_committed();
   summary->memcpy_seconds = MeasureStateMemcpySeconds(registry);
   if (config.verify) RETURN_IF_ERROR(VerifyListed(config.saver.checkpoint_dir, &summary->verified));
   return Status::OK();
@@ -385,6 +491,9 @@ void PrintSummary(const TrainSimConfig& config, const RunSummary& s, uint64_t st
     std::printf("stale temporaries  %zu removed\n", t.stale_temporaries_removed.size());
   }
   if (s.verified >= 0) std::printf("verified           %d listed checkpoints OK\n", s.verified);
+  std::printf("input              %" PRId64 " records consumed, %" PRId64
+              " input checkpoints, input_state_digest %s\n",
+              s.records_consumed, s.input_checkpoints, Hex(s.input_digest).c_str());
   std::printf("final_state_digest %s\n", Hex(s.digest).c_str());
 }
 
@@ -437,6 +546,9 @@ Status WriteMetricsJson(const TrainSimConfig& config, const RunSummary& s, uint6
              save_seconds > 0 ? double(t.bytes_raw) / save_seconds : 0.0);
   json.field("verified_checkpoints", static_cast<int64_t>(s.verified));
   json.field("final_state_digest", Hex(s.digest));
+  json.field("input_state_digest", Hex(s.input_digest));
+  json.field("records_consumed", s.records_consumed);
+  json.field("input_checkpoints_committed", s.input_checkpoints);
   json.end_object();
   std::ofstream out(config.metrics_json, std::ios::trunc);
   out << json.str() << '\n';

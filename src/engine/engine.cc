@@ -82,6 +82,8 @@ struct SaveJob {
   std::vector<uint64_t> file_end;     // next free offset (padded for O_DIRECT)
   std::vector<uint64_t> logical_end;  // end of the last chunk's stored bytes
   bool files_open = false;
+  // Chunks not yet past the write node, plus one hold that Submit drops when it is done with
+  // the save: whoever brings it to zero hands the save to the commit.
   std::atomic<size_t> chunks_left{0};
   std::atomic<bool> failed{false};
   std::mutex mu;
@@ -139,9 +141,9 @@ void Guarded(SaveJob& save, const char* stage, Body&& body) {
   try {
     body();
   } catch (const std::exception& e) {
-    save.Fail(Status::Internal(std::string(stage) + " threw: " + e.what()));
+    save.Fail(Status::Internal(save.final_name + ": " + stage + " threw: " + e.what()));
   } catch (...) {
-    save.Fail(Status::Internal(std::string(stage) + " threw a non-standard exception"));
+    save.Fail(Status::Internal(save.final_name + ": " + stage + " threw a non-standard exception"));
   }
 }
 
@@ -158,8 +160,10 @@ class Engine::Impl {
         registry_(registry),
         on_done_(std::move(on_done)),
         threads_(threads),
-        arena_(static_cast<int>(threads)),
-        copy_arena_(static_cast<int>(threads), 1, tbb::task_arena::priority::high),
+        // No slot is reserved for an outside thread: the graph must run with only workers.
+        arena_(static_cast<int>(threads), 0),
+        // The training thread joins the copies, beside `threads` workers.
+        copy_arena_(static_cast<int>(threads) + 1, 1, tbb::task_arena::priority::high),
         pool_(std::move(staging_device), budget) {}
 
   ~Impl() {
@@ -202,6 +206,10 @@ class Engine::Impl {
   void Write(const ChunkPtr& msg, WriteNode::output_ports_type& ports);
   void Commit(const SavePtr& save);
   Status Durable(SaveJob& save);
+  void RemoveTemporary(SaveJob& save);
+  void ReleaseSubmitHold(const SavePtr& save);
+  template <typename Fn>
+  void EnqueueInGraph(Fn&& fn);
 
   const EngineOptions options_;
   io::FileSystem* const fs_;
@@ -282,8 +290,31 @@ SavePtr Engine::Impl::NewSave(const CheckpointMetadata& metadata) {
   }
   save->jobs = format::PlanChunks(save->tensors, options_.chunk_bytes, options_.num_data_files);
   save->entries.resize(save->jobs.size());
-  save->chunks_left = save->jobs.size();
+  save->chunks_left = save->jobs.size() + 1;  // + Submit's hold
   return save;
+}
+
+// Messages from the training thread enter the graph through tasks enqueued in its arena rather
+// than through arena_.execute: a try_put inside execute spawns the node's task into the training
+// thread's own slot, which nobody runs when the arena has no worker (background_threads = 1
+// used to leave it none, and a one-core machine has none by default) while the training thread
+// blocks on staging that only that task would free. Enqueued work always gets a worker (oneTBB's
+// mandatory concurrency). reserve_wait keeps wait_for_all from returning before the task ran.
+template <typename Fn>
+void Engine::Impl::EnqueueInGraph(Fn&& fn) {
+  graph_->reserve_wait();
+  arena_.enqueue([this, fn = std::forward<Fn>(fn)] {
+    fn();
+    graph_->release_wait();
+  });
+}
+
+// Submit is done with the save (its blocked time and any failure are recorded): the commit may
+// run once the last chunk is written, not before.
+void Engine::Impl::ReleaseSubmitHold(const SavePtr& save) {
+  if (--save->chunks_left == 0) {
+    EnqueueInGraph([this, save] { save_order_->try_put(save); });
+  }
 }
 
 Result<SubmitOutcome> Engine::Impl::Submit(const CheckpointMetadata& metadata, bool skip_if_busy,
@@ -295,6 +326,9 @@ Result<SubmitOutcome> Engine::Impl::Submit(const CheckpointMetadata& metadata, b
   if (skip_if_busy) {
     uint64_t needed = 0;
     for (const auto& job : save->jobs) needed += StagingPool::RoundUp(job.length);
+    // A snapshot larger than the budget streams through it: it is busy only while earlier saves
+    // hold staging, else it would be skipped at every trigger, forever.
+    needed = std::min<uint64_t>(needed, pool_.budget());
     if (pool_.in_use() + needed > pool_.budget()) {
       *blocked_seconds = SecondsSince(start);
       return SubmitOutcome::kSkipped;
@@ -303,9 +337,6 @@ Result<SubmitOutcome> Engine::Impl::Submit(const CheckpointMetadata& metadata, b
   if (before_copy) before_copy();
   save->id = next_save_id_++;
   ++in_flight_;
-  if (save->jobs.empty()) {
-    arena_.execute([&] { save_order_->try_put(save); });
-  }
   // Waves: one chunk whose lease may wait for earlier writes, then as many as fit right now.
   // With a budget of a full snapshot the first wave is the whole state.
   size_t next = 0;
@@ -335,8 +366,8 @@ Result<SubmitOutcome> Engine::Impl::Submit(const CheckpointMetadata& metadata, b
     }
     CopyWave(*save, wave);
     pending_encode_ += static_cast<int64_t>(wave.size());
-    arena_.execute([&] {
-      for (auto& msg : wave) encode_->try_put(msg);
+    EnqueueInGraph([this, wave = std::move(wave)] {
+      for (const auto& msg : wave) encode_->try_put(msg);
     });
   }
   if (options_.stream_ordered) {
@@ -350,6 +381,7 @@ Result<SubmitOutcome> Engine::Impl::Submit(const CheckpointMetadata& metadata, b
   }
   *blocked_seconds = SecondsSince(start);
   save->blocked_seconds = *blocked_seconds;
+  ReleaseSubmitHold(save);
   return SubmitOutcome::kSubmitted;
 }
 
@@ -527,13 +559,7 @@ void Engine::Impl::Commit(const SavePtr& save) {
     status = manager_->RecordCommitted(save->final_name, save->metadata.wall_time);
     if (!status.ok()) save->Fail(status.WithContext(save->final_name));
   });
-  if (save->failed && stats.path.empty()) {
-    save->files.clear();
-    bool exists = false, is_dir = false;
-    if (fs_->stat(save->tmp_path, &exists, &is_dir).ok() && exists) {
-      (void)fs_->remove_tree(save->tmp_path);
-    }
-  }
+  if (save->failed && stats.path.empty()) RemoveTemporary(*save);
   stats.status = save->FirstFailure();
   for (const auto& job : save->jobs) stats.bytes_raw += job.length;
   stats.bytes_stored = save->bytes_stored;
@@ -547,8 +573,36 @@ void Engine::Impl::Commit(const SavePtr& save) {
   }
   stats.blocked_seconds = save->blocked_seconds;
   stats.seconds_to_durable = SecondsSince(save->start);
-  if (on_done_) on_done_(stats);
+  if (on_done_) {
+    // A listener that throws must not take the graph (and every later save) down with it.
+    try {
+      on_done_(stats);
+    } catch (const std::exception& e) {
+      LogLine("a listener threw after the save of " + save->final_name + ": " + e.what());
+    } catch (...) {
+      LogLine("a listener threw after the save of " + save->final_name);
+    }
+  }
   --in_flight_;
+}
+
+// The cleanup of a failed save runs outside Guarded (the save has already failed), so it must
+// catch for itself: an exception escaping a node would cancel the whole graph.
+void Engine::Impl::RemoveTemporary(SaveJob& save) {
+  try {
+    save.files.clear();
+    bool exists = false;
+    bool is_dir = false;
+    if (!fs_->stat(save.tmp_path, &exists, &is_dir).ok() || !exists) return;
+    const io::IoStatus removed = fs_->remove_tree(save.tmp_path);
+    if (!removed.ok()) {
+      LogLine("could not remove " + save.tmp_path + " of a failed save: " + removed.message());
+    }
+  } catch (const std::exception& e) {
+    LogLine("removing " + save.tmp_path + " of a failed save threw: " + e.what());
+  } catch (...) {
+    LogLine("removing " + save.tmp_path + " of a failed save threw");
+  }
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, io::FileSystem* fs,

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "asyncckpt/saver_hook.h"
@@ -47,18 +48,20 @@ class AsyncCheckpointSaverHook::Impl {
     return Status::OK();
   }
 
-  // Snapshots `step` (or skips it, as on_busy says).
-  Status Save(int64_t step) {
+  // Snapshots `step`; with may_skip, skips it when staging is busy (as on_busy says).
+  Status Save(int64_t step, bool may_skip) {
+    if (!engine_) return Status::FailedPrecondition("AsyncCheckpointSaverHook: begin() not called");
     schedule_.mark(step);
     CheckpointMetadata metadata{step, options_.clock(), options_.user_metadata};
     double blocked = 0;
-    ASSIGN_OR_RETURN(SubmitOutcome outcome, engine_->Submit(
-                                                metadata, options_.on_busy == OnBusy::kSkip,
-                                                [&] {
-                                                  for (auto* listener : listeners_)
-                                                    listener->before_save(step);
-                                                },
-                                                &blocked));
+    ASSIGN_OR_RETURN(SubmitOutcome outcome,
+                     engine_->Submit(
+                         metadata, may_skip && options_.on_busy == OnBusy::kSkip,
+                         [&] {
+                           for (auto* listener : listeners_) listener->before_save(step);
+                         },
+                         &blocked));
+    if (outcome == SubmitOutcome::kSubmitted) last_submitted_step_ = step;
     std::lock_guard lock(mu_);
     if (outcome == SubmitOutcome::kSkipped) {
       ++totals_.saves_skipped;
@@ -93,7 +96,12 @@ class AsyncCheckpointSaverHook::Impl {
 
   Status End(int64_t step) {
     Status status;
-    if (schedule_.final_save_needed(step)) status = Save(step);
+    // Not schedule_.final_save_needed: the schedule counts a skipped save as triggered, but its
+    // state was never saved. The end saves it, waiting for staging rather than skipping, as no
+    // later trigger would retry it.
+    if (last_submitted_step_ != step) {
+      status = Save(step, /*may_skip=*/false);
+    }
     Status saved = WaitUntilSaved();
     if (status.ok()) status = saved;
     for (auto* listener : listeners_) listener->end(step);
@@ -123,6 +131,7 @@ class AsyncCheckpointSaverHook::Impl {
   const TensorRegistry* registry_;
   std::vector<CheckpointSaverListener*> listeners_;
   SaveSchedule schedule_;
+  std::optional<int64_t> last_submitted_step_;  // training thread only
   SaverStorage storage_;
   std::unique_ptr<Engine> engine_;
 
@@ -151,14 +160,14 @@ AsyncCheckpointSaverHook::~AsyncCheckpointSaverHook() = default;
 Status AsyncCheckpointSaverHook::begin() { return impl_->Begin(); }
 
 Status AsyncCheckpointSaverHook::after_create_session(int64_t global_step) {
-  return impl_->Save(global_step);
+  return impl_->Save(global_step, /*may_skip=*/true);
 }
 
 Status AsyncCheckpointSaverHook::after_run(RunContext& context, const RunValues& values) {
   (void)values;
   RETURN_IF_ERROR(impl_->Poll(&context));
   if (!impl_->schedule().due(context.step())) return Status::OK();
-  return impl_->Save(context.step());
+  return impl_->Save(context.step(), /*may_skip=*/true);
 }
 
 Status AsyncCheckpointSaverHook::end(int64_t global_step) { return impl_->End(global_step); }

@@ -69,7 +69,8 @@ void SetSaverFileSystemFactoryForTesting(
   FileSystemFactory() = std::move(factory);
 }
 
-Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options) {
+Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options,
+                                                     const std::string& state_file_name) {
   if (FileSystemFactory()) {
     fs = FileSystemFactory()(options);
   } else {
@@ -83,7 +84,7 @@ Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options
       ToStatus(fs->create_dirs(options.checkpoint_dir)).WithContext("creating checkpoint_dir"));
   manager = std::make_unique<CheckpointManager>(
       fs.get(), options.checkpoint_dir, options.basename, options.max_to_keep,
-      options.keep_checkpoint_every_n_hours, options.clock);
+      options.keep_checkpoint_every_n_hours, options.clock, state_file_name);
   ASSIGN_OR_RETURN(std::vector<std::string> removed, manager->RemoveStaleTemporaries());
   for (const auto& name : removed) {
     LogLine("removed " + options.checkpoint_dir + "/" + name + " left by an interrupted save");

@@ -42,8 +42,9 @@ struct SaverStorage {
   std::unique_ptr<CheckpointManager> manager;
 
   /// Creates checkpoint_dir, removes stale temporaries (logged and returned), recovers the
-  /// retained list from the state file.
-  Result<std::vector<std::string>> Start(const SaverOptions& options);
+  /// retained list from the state file named `state_file_name`.
+  Result<std::vector<std::string>> Start(
+      const SaverOptions& options, const std::string& state_file_name = kCheckpointStateFileName);
 };
 
 /// Makes every saver created afterwards use file systems from `factory` (null restores the

@@ -1,0 +1,219 @@
+#pragma once
+
+// The input pipeline's state, checkpointed apart from the model's (TensorFlow's
+// CheckpointInputPipelineHook): its own basename and state file in the same checkpoint_dir, so
+// a pre-empted job resumes its input exactly where it left off — no example seen twice or
+// skipped.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "asyncckpt/compression.h"
+#include "asyncckpt/dtype.h"
+#include "asyncckpt/hooks.h"
+#include "asyncckpt/status.h"
+#include "asyncckpt/tensor.h"
+#include "asyncckpt/timer.h"
+
+namespace asyncckpt {
+
+/// The state file of the input pipeline's checkpoints.
+inline constexpr char kInputStateFileName[] = "checkpoint_input";
+
+/// An iterator's saved state: named tensors in host memory that it owns.
+class IteratorState {
+ public:
+  /// One saved tensor.
+  struct Entry {
+    /// Unique name within the state.
+    std::string name;
+    /// Element type.
+    DType dtype = DType::kU8;
+    /// Dimensions.
+    std::vector<int64_t> shape;
+    /// The raw bytes (elements × dtype size).
+    std::vector<uint8_t> bytes;
+  };
+
+  /// Stores a copy of `bytes` as tensor `name`; InvalidArgument for a duplicate or empty name
+  /// or a size that does not match shape × dtype.
+  Status put(const std::string& name, DType dtype, std::vector<int64_t> shape,
+             std::span<const uint8_t> bytes);
+  /// Stores opaque bytes as a u8 vector.
+  Status put_bytes(const std::string& name, std::span<const uint8_t> bytes);
+  /// Stores 64-bit integers as an i64 vector.
+  Status put_i64(const std::string& name, std::span<const int64_t> values);
+  /// The entry named `name`, or NotFound naming it.
+  Result<const Entry*> get(const std::string& name) const;
+  /// Reads an i64 vector of exactly `count` values; Corruption when it has another shape/dtype.
+  Result<std::vector<int64_t>> get_i64(const std::string& name, size_t count) const;
+  /// Every entry, in insertion order.
+  const std::vector<Entry>& entries() const { return entries_; }
+  /// Forgets every entry.
+  void clear() { entries_.clear(); }
+  /// Total bytes held.
+  uint64_t total_bytes() const;
+  /// A registry whose tensors point at this state's buffers (valid until the state changes).
+  Result<TensorRegistry> AsRegistry() const;
+
+ private:
+  std::vector<Entry> entries_;
+};
+
+/// An input iterator whose position can be saved and restored. Called from the training thread.
+class SaveableIterator {
+ public:
+  virtual ~SaveableIterator() = default;
+  /// Writes the iterator's complete state into `state` (which starts empty).
+  virtual Status save(IteratorState* state) = 0;
+  /// Replaces the iterator's state by a saved one; Corruption naming the entry when it does
+  /// not fit this iterator.
+  virtual Status restore(const IteratorState& state) = 0;
+  /// True when the iterator depends on state it cannot save (an external source, a live
+  /// stream): such a checkpoint would not resume exactly.
+  virtual bool has_external_state() const { return false; }
+  /// Upper bound on the bytes save() writes, used to size staging; 0 when unknown.
+  virtual uint64_t max_state_bytes() const { return 0; }
+};
+
+/// What to do when the iterator has external state (TensorFlow's ExternalStatePolicy).
+enum class ExternalStatePolicy {
+  /// Save anyway, silently.
+  kIgnore,
+  /// Save anyway and log a warning.
+  kWarn,
+  /// Refuse to save (the default): the save fails with FailedPrecondition.
+  kFail,
+};
+
+/// Options of CheckpointInputPipelineHook.
+struct InputPipelineOptions {
+  /// Shared with the model's checkpoints; nothing of the model's is touched.
+  std::string checkpoint_dir;
+  /// Save every N steps (exactly one of save_steps / save_secs).
+  std::optional<int64_t> save_steps;
+  /// Save every N seconds.
+  std::optional<double> save_secs;
+  /// Newest input checkpoints kept; 0 keeps all.
+  int max_to_keep = 5;
+  /// Workers in the job; with more than one the basename is input_<task_type>_<task_id>.ckpt.
+  int num_workers = 1;
+  /// This worker's task type, e.g. "worker".
+  std::string task_type = "worker";
+  /// This worker's index.
+  int task_id = 0;
+  /// For iterators with external state.
+  ExternalStatePolicy external_state_policy = ExternalStatePolicy::kFail;
+  /// Chunk size of the input checkpoints.
+  uint64_t chunk_bytes = 4ull << 20;
+  /// Codec and level.
+  CompressionOptions compression;
+  /// Pinned staging budget; 0 sizes it from the iterator's max_state_bytes() (or twice the
+  /// first snapshot when the iterator cannot tell).
+  uint64_t staging_bytes = 0;
+  /// Time source for save_secs and retention.
+  Clock clock = SystemClockSeconds;
+};
+
+/// The basename the options give: "input.ckpt", or "input_<task_type>_<task_id>.ckpt".
+std::string InputCheckpointBasename(const InputPipelineOptions& options);
+
+/// Saves and restores a SaveableIterator beside the model's checkpoints, with TensorFlow's
+/// CheckpointInputPipelineHook semantics: on the first before_run it restores the input
+/// checkpoint of the session's starting step (else the latest one, saying so) if there is one,
+/// and otherwise saves the initial state; then it saves on its own schedule and at end().
+/// Each input checkpoint records the model step it belongs to. Saves go through the
+/// asynchronous engine; a failed save requests a stop and end() returns it. The iterator is
+/// borrowed and must outlive the hook.
+class CheckpointInputPipelineHook : public SessionRunHook {
+ public:
+  /// Validates the options (InvalidArgument naming the problem).
+  static Result<std::unique_ptr<CheckpointInputPipelineHook>> Create(InputPipelineOptions options,
+                                                                     SaveableIterator* iterator);
+  ~CheckpointInputPipelineHook() override;
+
+  Status begin() override;
+  Status after_create_session(int64_t global_step) override;
+  Result<RunArgs> before_run(RunContext& context) override;
+  Status after_run(RunContext& context, const RunValues& values) override;
+  Status end(int64_t global_step) override;
+
+  /// The checkpoint restored at the first before_run, or empty when it saved the initial state.
+  const std::string& restored_from() const;
+  /// Input checkpoints committed so far.
+  int64_t saves_committed() const;
+
+  /// Internal state (defined in the source file).
+  class Impl;
+
+ private:
+  explicit CheckpointInputPipelineHook(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The newest step that has both a committed model checkpoint (`model_basename`, state file
+/// "checkpoint") and an input checkpoint (`input_basename`, state file "checkpoint_input") in
+/// `dir`; nullopt when there is none (a fresh job).
+Result<std::optional<int64_t>> NewestCompleteStep(const std::string& dir,
+                                                  const std::string& model_basename,
+                                                  const std::string& input_basename);
+
+/// Options of RecordDatasetIterator.
+struct RecordDatasetOptions {
+  /// The dataset file (see WriteRecordDataset).
+  std::string path;
+  /// Records held for shuffling; 1 keeps file order.
+  size_t shuffle_buffer = 1024;
+  /// Records read ahead by a background thread.
+  size_t prefetch = 64;
+  /// Seed of the shuffle.
+  uint64_t seed = 0;
+  /// Passes over the file; -1 repeats forever.
+  int64_t epochs = -1;
+};
+
+/// Writes a dataset of `num_records` fixed-size records of `record_bytes`, deterministic from
+/// `seed`: a 32-byte header ("ACKPTDS1", record count, record size, checksum of the header)
+/// followed by the records.
+Status WriteRecordDataset(const std::string& path, uint64_t num_records, uint32_t record_bytes,
+                          uint64_t seed);
+
+/// Reads fixed-size records from a dataset file through a prefetch thread and a seeded shuffle
+/// buffer, epoch after epoch (tf.data's repeat().shuffle().prefetch()). Its state — position,
+/// prefetched records, shuffle buffer contents and generator state — is saved and restored
+/// exactly. Not thread-safe: one consumer thread.
+class RecordDatasetIterator final : public SaveableIterator {
+ public:
+  /// Opens the dataset; NotFound / Corruption naming the file when it cannot be read.
+  static Result<std::unique_ptr<RecordDatasetIterator>> Open(const RecordDatasetOptions& options);
+  ~RecordDatasetIterator() override;
+
+  /// The next record; OutOfRange after the last epoch.
+  Status next(std::vector<uint8_t>* record);
+  /// Up to `count` records, concatenated (the last batch of a finite dataset may be short);
+  /// OutOfRange when none is left.
+  Status next_batch(size_t count, std::vector<uint8_t>* batch);
+  /// Bytes per record.
+  uint32_t record_bytes() const;
+  /// Records in one epoch.
+  uint64_t num_records() const;
+  /// Records handed out so far (across restores).
+  int64_t records_emitted() const;
+
+  Status save(IteratorState* state) override;
+  Status restore(const IteratorState& state) override;
+  uint64_t max_state_bytes() const override;
+
+  /// Internal state (defined in the source file).
+  class Impl;
+
+ private:
+  explicit RecordDatasetIterator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace asyncckpt

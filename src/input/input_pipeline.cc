@@ -1,0 +1,340 @@
+// CheckpointInputPipelineHook and IteratorState: the input pipeline's checkpoints, beside the
+// model's, through their own engine, basename and state file.
+
+#include "asyncckpt/input_pipeline.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <set>
+
+#include "asyncckpt/reader.h"
+#include "asyncckpt/state.h"
+#include "src/engine/engine.h"
+#include "src/format/format.h"
+#include "src/saver/saver_common.h"
+#include "src/util/log.h"
+#include "src/util/status_macros.h"
+
+namespace asyncckpt {
+
+Status IteratorState::put(const std::string& name, DType dtype, std::vector<int64_t> shape,
+                          std::span<const uint8_t> bytes) {
+  if (name.empty()) return Status::InvalidArgument("iterator state entry name must not be empty");
+  for (const Entry& entry : entries_) {
+    if (entry.name == name) {
+      return Status::InvalidArgument("iterator state entry '" + name + "' is stored twice");
+    }
+  }
+  const int64_t elements = NumElements(shape);
+  if (elements < 0 || static_cast<uint64_t>(elements) * DTypeSize(dtype) != bytes.size()) {
+    return Status::InvalidArgument("iterator state entry '" + name + "' has " +
+                                   std::to_string(bytes.size()) +
+                                   " bytes, which does not match its shape and dtype");
+  }
+  entries_.push_back(Entry{name, dtype, std::move(shape), {bytes.begin(), bytes.end()}});
+  return Status::OK();
+}
+
+Status IteratorState::put_bytes(const std::string& name, std::span<const uint8_t> bytes) {
+  return put(name, DType::kU8, {static_cast<int64_t>(bytes.size())}, bytes);
+}
+
+Status IteratorState::put_i64(const std::string& name, std::span<const int64_t> values) {
+  return put(name, DType::kI64, {static_cast<int64_t>(values.size())},
+             {reinterpret_cast<const uint8_t*>(values.data()), values.size_bytes()});
+}
+
+Result<const IteratorState::Entry*> IteratorState::get(const std::string& name) const {
+  for (const Entry& entry : entries_) {
+    if (entry.name == name) return &entry;
+  }
+  return Status::NotFound("the iterator state has no entry '" + name + "'");
+}
+
+Result<std::vector<int64_t>> IteratorState::get_i64(const std::string& name, size_t count) const {
+  ASSIGN_OR_RETURN(const Entry* entry, get(name));
+  if (entry->dtype != DType::kI64 || entry->bytes.size() != count * sizeof(int64_t)) {
+    return Status::Corruption("iterator state entry '" + name + "' should hold " +
+                              std::to_string(count) + " i64 values");
+  }
+  std::vector<int64_t> values(count);
+  if (count > 0) std::memcpy(values.data(), entry->bytes.data(), entry->bytes.size());
+  return values;
+}
+
+uint64_t IteratorState::total_bytes() const {
+  uint64_t total = 0;
+  for (const Entry& entry : entries_) total += entry.bytes.size();
+  return total;
+}
+
+Result<TensorRegistry> IteratorState::AsRegistry() const {
+  TensorRegistry registry;
+  for (const Entry& entry : entries_) {
+    RETURN_IF_ERROR(registry.add(TensorRef{entry.name, entry.dtype, entry.shape,
+                                           const_cast<uint8_t*>(entry.bytes.data()),
+                                           entry.bytes.size(), nullptr}));
+  }
+  return registry;
+}
+
+std::string InputCheckpointBasename(const InputPipelineOptions& options) {
+  if (options.num_workers <= 1) return "input.ckpt";
+  return "input_" + options.task_type + "_" + std::to_string(options.task_id) + ".ckpt";
+}
+
+namespace {
+
+// The saver options the input hook's storage and checks share with the model's savers.
+SaverOptions AsSaverOptions(const InputPipelineOptions& options) {
+  SaverOptions saver;
+  saver.checkpoint_dir = options.checkpoint_dir;
+  saver.save_steps = options.save_steps;
+  saver.save_secs = options.save_secs;
+  saver.basename = InputCheckpointBasename(options);
+  saver.max_to_keep = options.max_to_keep;
+  saver.chunk_bytes = options.chunk_bytes;
+  saver.num_data_files = 1;
+  saver.compression = options.compression;
+  saver.staging_bytes = options.staging_bytes;
+  saver.clock = options.clock;
+  return saver;
+}
+
+Result<std::set<int64_t>> RetainedSteps(const std::string& dir, const std::string& basename,
+                                        const std::string& state_file) {
+  std::set<int64_t> steps;
+  auto state = GetCheckpointState(dir, state_file);
+  if (!state.ok()) {
+    if (state.status().code() == StatusCode::kNotFound) return steps;
+    return state.status();
+  }
+  const std::string prefix = basename + "-";
+  for (const std::string& name : state->all_model_checkpoint_paths) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+    steps.insert(std::stoll(digits));
+  }
+  return steps;
+}
+
+}  // namespace
+
+Result<std::optional<int64_t>> NewestCompleteStep(const std::string& dir,
+                                                  const std::string& model_basename,
+                                                  const std::string& input_basename) {
+  ASSIGN_OR_RETURN(std::set<int64_t> model,
+                   RetainedSteps(dir, model_basename, kCheckpointStateFileName));
+  ASSIGN_OR_RETURN(std::set<int64_t> input,
+                   RetainedSteps(dir, input_basename, kInputStateFileName));
+  for (auto it = model.rbegin(); it != model.rend(); ++it) {
+    if (input.count(*it)) return std::optional<int64_t>(*it);
+  }
+  return std::optional<int64_t>();
+}
+
+class CheckpointInputPipelineHook::Impl {
+ public:
+  Impl(InputPipelineOptions options, SaveableIterator* iterator, SaveSchedule schedule)
+      : options_(std::move(options)),
+        saver_options_(AsSaverOptions(options_)),
+        iterator_(iterator),
+        schedule_(std::move(schedule)) {}
+  ~Impl() { engine_.reset(); }
+
+  Status Begin() {
+    ASSIGN_OR_RETURN(std::vector<std::string> removed,
+                     storage_.Start(saver_options_, kInputStateFileName));
+    (void)removed;  // SaverStorage::Start already logged them
+    return Status::OK();
+  }
+
+  void SetStartStep(int64_t step) { start_step_ = step; }
+
+  // First before_run: restore the input checkpoint of the starting step, else the latest one,
+  // else save the initial state.
+  Status RestoreOrSaveInitial() {
+    restore_done_ = true;
+    const std::string exact = options_.checkpoint_dir + "/" +
+                              format::CheckpointDirName(saver_options_.basename, start_step_);
+    std::string path;
+    bool exists = false, is_dir = false;
+    if (storage_.fs->stat(exact, &exists, &is_dir).ok() && exists && is_dir) {
+      path = exact;
+    } else {
+      auto latest = LatestCheckpoint(options_.checkpoint_dir, kInputStateFileName);
+      if (!latest.ok() && latest.status().code() != StatusCode::kNotFound) return latest.status();
+      if (latest.ok()) {
+        path = *latest;
+        LogLine("no input checkpoint for step " + std::to_string(start_step_) +
+                "; restoring the latest one, " + path);
+      }
+    }
+    if (path.empty()) return Save(start_step_);
+    RETURN_IF_ERROR(Restore(path));
+    restored_from_ = path;
+    schedule_.mark(start_step_);
+    return Status::OK();
+  }
+
+  Status Save(int64_t step) {
+    schedule_.mark(step);
+    if (iterator_->has_external_state()) {
+      const std::string why = "the input iterator depends on external state it cannot save";
+      if (options_.external_state_policy == ExternalStatePolicy::kFail) {
+        return Status::FailedPrecondition(why +
+                                          "; set external_state_policy to warn or ignore to "
+                                          "save it anyway");
+      }
+      if (options_.external_state_policy == ExternalStatePolicy::kWarn) {
+        LogLine("warning: " + why + "; its checkpoint will not resume exactly");
+      }
+    }
+    state_.clear();
+    RETURN_IF_ERROR(iterator_->save(&state_).WithContext("saving the input iterator"));
+    ASSIGN_OR_RETURN(registry_, state_.AsRegistry());
+    RETURN_IF_ERROR(EnsureEngine());
+    CheckpointMetadata metadata{
+        step, options_.clock(), {{"model_step", std::to_string(step)}, {"kind", "input_pipeline"}}};
+    double blocked = 0;
+    ASSIGN_OR_RETURN(SubmitOutcome outcome, engine_->Submit(metadata, false, {}, &blocked));
+    (void)outcome;  // never skipped: the input's position must not be lost
+    return Status::OK();
+  }
+
+  Status Poll(RunContext* context) {
+    std::lock_guard lock(mu_);
+    if (!failure_.ok() && context != nullptr) context->request_stop();
+    return Status::OK();
+  }
+
+  Status End(int64_t step) {
+    Status status;
+    if (!restore_done_) status = RestoreOrSaveInitial();
+    if (status.ok() && schedule_.final_save_needed(step)) status = Save(step);
+    if (engine_) engine_->WaitAll();
+    std::lock_guard lock(mu_);
+    if (status.ok()) status = failure_;
+    return status;
+  }
+
+  bool restore_done() const { return restore_done_; }
+  const SaveSchedule& schedule() const { return schedule_; }
+  const std::string& restored_from() const { return restored_from_; }
+  int64_t saves_committed() const {
+    std::lock_guard lock(mu_);
+    return committed_;
+  }
+
+ private:
+  Status EnsureEngine() {
+    if (engine_) return Status::OK();
+    EngineOptions engine_options;
+    engine_options.checkpoint_dir = options_.checkpoint_dir;
+    engine_options.basename = saver_options_.basename;
+    engine_options.chunk_bytes = options_.chunk_bytes;
+    engine_options.num_data_files = 1;
+    engine_options.compression = options_.compression;
+    engine_options.background_threads = 1;
+    uint64_t budget = options_.staging_bytes;
+    if (budget == 0) budget = iterator_->max_state_bytes();
+    if (budget == 0) budget = 2 * state_.total_bytes();
+    // Room for every entry's page rounding and a full chunk, whatever the state's shape.
+    budget += (registry_.size() + 2) * 4096 + std::min<uint64_t>(options_.chunk_bytes, budget);
+    engine_options.staging_bytes = budget;
+    ASSIGN_OR_RETURN(engine_,
+                     Engine::Create(engine_options, storage_.fs.get(), storage_.manager.get(),
+                                    &registry_, [this](const SaveStats& stats) { OnDone(stats); }));
+    return Status::OK();
+  }
+
+  void OnDone(const SaveStats& stats) {
+    std::lock_guard lock(mu_);
+    if (stats.status.ok()) {
+      ++committed_;
+    } else if (failure_.ok()) {
+      failure_ = stats.status.WithContext("input pipeline checkpoint");
+    }
+  }
+
+  Status Restore(const std::string& path) {
+    ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(path));
+    IteratorState state;
+    for (const TensorInfo& info : reader->tensors()) {
+      std::vector<uint8_t> bytes(info.bytes);
+      RETURN_IF_ERROR(reader->read(info.name, bytes.data(), bytes.size()));
+      RETURN_IF_ERROR(state.put(info.name, info.dtype, info.shape, bytes));
+    }
+    LogLine("restored the input pipeline from " + path);
+    return iterator_->restore(state).WithContext("restoring the input iterator from " + path);
+  }
+
+  const InputPipelineOptions options_;
+  const SaverOptions saver_options_;
+  SaveableIterator* const iterator_;
+  SaveSchedule schedule_;
+  SaverStorage storage_;
+  IteratorState state_;
+  TensorRegistry registry_;  // points into state_; read by the engine only inside Submit
+  std::unique_ptr<Engine> engine_;
+  int64_t start_step_ = 0;
+  bool restore_done_ = false;
+  std::string restored_from_;
+
+  mutable std::mutex mu_;
+  Status failure_;
+  int64_t committed_ = 0;
+};
+
+Result<std::unique_ptr<CheckpointInputPipelineHook>> CheckpointInputPipelineHook::Create(
+    InputPipelineOptions options, SaveableIterator* iterator) {
+  if (iterator == nullptr) return Status::InvalidArgument("the input iterator must not be null");
+  if (options.num_workers < 1 || options.task_id < 0 || options.task_id >= options.num_workers) {
+    return Status::InvalidArgument(
+        "task_id " + std::to_string(options.task_id) +
+        " is not in [0, num_workers=" + std::to_string(options.num_workers) + ")");
+  }
+  if (options.num_workers > 1 && options.task_type.empty()) {
+    return Status::InvalidArgument("task_type must be set when num_workers > 1");
+  }
+  RETURN_IF_ERROR(ValidateSaverOptions(AsSaverOptions(options)));
+  ASSIGN_OR_RETURN(SaveSchedule schedule, SaveSchedule::Create(AsSaverOptions(options)));
+  return std::unique_ptr<CheckpointInputPipelineHook>(new CheckpointInputPipelineHook(
+      std::make_unique<Impl>(std::move(options), iterator, std::move(schedule))));
+}
+
+CheckpointInputPipelineHook::CheckpointInputPipelineHook(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+CheckpointInputPipelineHook::~CheckpointInputPipelineHook() = default;
+
+Status CheckpointInputPipelineHook::begin() { return impl_->Begin(); }
+
+Status CheckpointInputPipelineHook::after_create_session(int64_t global_step) {
+  impl_->SetStartStep(global_step);
+  return Status::OK();
+}
+
+Result<RunArgs> CheckpointInputPipelineHook::before_run(RunContext& context) {
+  (void)context;
+  if (!impl_->restore_done()) RETURN_IF_ERROR(impl_->RestoreOrSaveInitial());
+  return RunArgs{};
+}
+
+Status CheckpointInputPipelineHook::after_run(RunContext& context, const RunValues& values) {
+  (void)values;
+  RETURN_IF_ERROR(impl_->Poll(&context));
+  if (!impl_->schedule().due(context.step())) return Status::OK();
+  return impl_->Save(context.step());
+}
+
+Status CheckpointInputPipelineHook::end(int64_t global_step) { return impl_->End(global_step); }
+
+const std::string& CheckpointInputPipelineHook::restored_from() const {
+  return impl_->restored_from();
+}
+
+int64_t CheckpointInputPipelineHook::saves_committed() const { return impl_->saves_committed(); }
+
+}  // namespace asyncckpt
