@@ -108,9 +108,12 @@ Scratch& Scratch::operator=(Scratch&&) noexcept = default;
 
 std::string_view CodecName(Codec codec) {
   switch (codec) {
-    case Codec::kRaw: return "raw";
-    case Codec::kZstd: return "zstd";
-    case Codec::kShuffleZstd: return "shuffle+zstd";
+    case Codec::kRaw:
+      return "raw";
+    case Codec::kZstd:
+      return "zstd";
+    case Codec::kShuffleZstd:
+      return "shuffle+zstd";
   }
   return "invalid";
 }
@@ -120,7 +123,9 @@ std::optional<Codec> CodecFromByte(uint8_t byte) {
   return static_cast<Codec>(byte);
 }
 
-uint64_t Checksum(std::span<const uint8_t> bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
+uint64_t Checksum(std::span<const uint8_t> bytes) {
+  return XXH3_64bits(bytes.data(), bytes.size());
+}
 
 void Shuffle(const uint8_t* src, size_t n, size_t elem_size, uint8_t* dst) {
   if (elem_size <= 1 || n < elem_size) {
@@ -129,10 +134,18 @@ void Shuffle(const uint8_t* src, size_t n, size_t elem_size, uint8_t* dst) {
   }
   const size_t count = n / elem_size;
   switch (elem_size) {
-    case 2: ShuffleFixed<2>(src, count, dst); break;
-    case 4: ShuffleFixed<4>(src, count, dst); break;
-    case 8: Shuffle8(src, count, dst); break;
-    default: ShuffleGeneric(src, count, elem_size, dst); break;
+    case 2:
+      ShuffleFixed<2>(src, count, dst);
+      break;
+    case 4:
+      ShuffleFixed<4>(src, count, dst);
+      break;
+    case 8:
+      Shuffle8(src, count, dst);
+      break;
+    default:
+      ShuffleGeneric(src, count, elem_size, dst);
+      break;
   }
   const size_t body = count * elem_size;
   if (body < n) std::memcpy(dst + body, src + body, n - body);
@@ -145,10 +158,18 @@ void Unshuffle(const uint8_t* src, size_t n, size_t elem_size, uint8_t* dst) {
   }
   const size_t count = n / elem_size;
   switch (elem_size) {
-    case 2: UnshuffleFixed<2>(src, count, dst); break;
-    case 4: UnshuffleFixed<4>(src, count, dst); break;
-    case 8: UnshuffleFixed<8>(src, count, dst); break;
-    default: UnshuffleGeneric(src, count, elem_size, dst); break;
+    case 2:
+      UnshuffleFixed<2>(src, count, dst);
+      break;
+    case 4:
+      UnshuffleFixed<4>(src, count, dst);
+      break;
+    case 8:
+      UnshuffleFixed<8>(src, count, dst);
+      break;
+    default:
+      UnshuffleGeneric(src, count, elem_size, dst);
+      break;
   }
   const size_t body = count * elem_size;
   if (body < n) std::memcpy(dst + body, src + body, n - body);

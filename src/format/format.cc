@@ -173,8 +173,8 @@ class BodyParser {
     if (!status.ok()) return status;
     if (!in_.u32(&index.num_data_files)) return Truncated("the number of data files");
     if (index.num_data_files == 0 || index.num_data_files > kMaxDataFiles) {
-      return Error("names " + std::to_string(index.num_data_files) +
-                   " data files; must be 1 to " + std::to_string(kMaxDataFiles));
+      return Error("names " + std::to_string(index.num_data_files) + " data files; must be 1 to " +
+                   std::to_string(kMaxDataFiles));
     }
     num_data_files_ = index.num_data_files;
     status = ParseTensors(&index.tensors);
@@ -344,9 +344,8 @@ class BodyParser {
                    std::to_string(kMaxChunkBytes));
     }
     if (chunk.raw_bytes > tensor.bytes - *covered) {
-      return Error(where + " ends at tensor byte " +
-                   std::to_string(*covered + chunk.raw_bytes) + ", past the tensor's " +
-                   std::to_string(tensor.bytes) + " bytes");
+      return Error(where + " ends at tensor byte " + std::to_string(*covered + chunk.raw_bytes) +
+                   ", past the tensor's " + std::to_string(tensor.bytes) + " bytes");
     }
     if (chunk.codec == codec::Codec::kRaw && chunk.stored_bytes != chunk.raw_bytes) {
       return Error(where + " is stored raw but its stored size " +
@@ -391,8 +390,7 @@ Status CheckEnvelope(std::span<const uint8_t> bytes, std::string_view path) {
   const uint32_t version = LoadU32(bytes.data() + 8);
   if (version != kFormatVersion) {
     return Status::Corruption(prefix + "unsupported format version " + std::to_string(version) +
-                              " (this build reads version " + std::to_string(kFormatVersion) +
-                              ")");
+                              " (this build reads version " + std::to_string(kFormatVersion) + ")");
   }
   const uint32_t flags = LoadU32(bytes.data() + 12);
   if (flags != 0) {

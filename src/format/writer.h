@@ -109,8 +109,8 @@ std::vector<ChunkJob> PlanChunks(std::span<const HostTensor> tensors, uint64_t c
 /// Encodes the bytes of `job` from `tensor` (codec::Encode with the tensor's element size).
 /// `out` holds at least job.length bytes; see codec::Encode for where the stored bytes live.
 Result<codec::EncodedChunk> EncodeChunk(const HostTensor& tensor, const ChunkJob& job,
-                                        const CompressionOptions& options,
-                                        codec::Scratch& scratch, std::span<uint8_t> out);
+                                        const CompressionOptions& options, codec::Scratch& scratch,
+                                        std::span<uint8_t> out);
 
 /// Appends stored chunks to one data file, handing out their offsets. For O_DIRECT files it
 /// gathers bytes into 4096-aligned blocks, so chunks lie back to back as in a buffered file;
@@ -120,8 +120,8 @@ Result<codec::EncodedChunk> EncodeChunk(const HostTensor& tensor, const ChunkJob
 class DataFileAppender {
  public:
   /// Creates (or truncates) the file at `path` through `fs`; direct asks for O_DIRECT.
-  static Result<std::unique_ptr<DataFileAppender>> Open(io::FileSystem& fs,
-                                                        const std::string& path, bool direct);
+  static Result<std::unique_ptr<DataFileAppender>> Open(io::FileSystem& fs, const std::string& path,
+                                                        bool direct);
   ~DataFileAppender();
   DataFileAppender(const DataFileAppender&) = delete;
   DataFileAppender& operator=(const DataFileAppender&) = delete;
@@ -152,10 +152,12 @@ class DataFileAppender {
 };
 
 /// Builds the index from the planned jobs and, for each job at the same position, the entry
-/// saying where it landed. Internal when an entry does not match its job (a bug in the caller).
-Result<Index> AssembleIndex(std::span<const HostTensor> tensors,
-                            const CheckpointMetadata& metadata, uint32_t num_data_files,
-                            std::span<const ChunkJob> jobs, std::span<const ChunkEntry> entries);
+/// saying where it landed. InvalidArgument when the tensors (data pointers aside), metadata or
+/// file count would make an index that readers refuse; Internal when an entry does not match
+/// its job (a bug in the caller).
+Result<Index> AssembleIndex(std::span<const HostTensor> tensors, const CheckpointMetadata& metadata,
+                            uint32_t num_data_files, std::span<const ChunkJob> jobs,
+                            std::span<const ChunkEntry> entries);
 
 /// Writes `index` to `dir`/index and syncs it.
 Status WriteIndexFile(io::FileSystem& fs, const std::string& dir, const Index& index);

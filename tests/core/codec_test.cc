@@ -103,8 +103,7 @@ TEST_F(CodecTest, RoundTripsEveryElementSizeAndKind) {
 
 TEST_F(CodecTest, EmptyInputIsStoredRawAndRoundTrips) {
   const std::vector<uint8_t> empty;
-  Result<EncodedChunk> encoded =
-      Encode(empty, 4, Options(CompressionKind::kShuffleZstd), scratch_);
+  Result<EncodedChunk> encoded = Encode(empty, 4, Options(CompressionKind::kShuffleZstd), scratch_);
   ASSERT_TRUE(encoded.ok()) << encoded.status().ToString();
   EXPECT_EQ(encoded->codec, Codec::kRaw);
   EXPECT_TRUE(encoded->stored.empty());
@@ -169,8 +168,7 @@ TEST_F(CodecTest, MinSavingDecidesBetweenRawAndCompressed) {
 TEST_F(CodecTest, LevelComesPerCallIncludingFastModes) {
   const std::vector<uint8_t> raw = SmoothFloats(1 << 14);
   for (int level : {-7, -1, 1, 3, 19}) {
-    EXPECT_EQ(RoundTrip(raw, 4, Options(CompressionKind::kShuffleZstd, level)),
-              Codec::kShuffleZstd)
+    EXPECT_EQ(RoundTrip(raw, 4, Options(CompressionKind::kShuffleZstd, level)), Codec::kShuffleZstd)
         << "level " << level;
   }
 }

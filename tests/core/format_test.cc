@@ -47,10 +47,13 @@ Index RichIndex() {
   index.num_data_files = 3;
   index.tensors.push_back(TensorEntry{"scalar", DType::kF64, {}, 8, {Chunk(0, 2, 0, 8, 8)}});
   index.tensors.push_back(TensorEntry{"empty", DType::kBF16, {0, 5}, 0, {}});
-  index.tensors.push_back(TensorEntry{
-      "layer/0/weights", DType::kF32, {3, 5}, 60,
-      {Chunk(0, 0, 0, 10, 24, codec::Codec::kZstd, 1), Chunk(24, 1, 0, 24, 24, codec::Codec::kRaw, 2),
-       Chunk(48, 0, 10, 5, 12, codec::Codec::kShuffleZstd, 3)}});
+  index.tensors.push_back(TensorEntry{"layer/0/weights",
+                                      DType::kF32,
+                                      {3, 5},
+                                      60,
+                                      {Chunk(0, 0, 0, 10, 24, codec::Codec::kZstd, 1),
+                                       Chunk(24, 1, 0, 24, 24, codec::Codec::kRaw, 2),
+                                       Chunk(48, 0, 10, 5, 12, codec::Codec::kShuffleZstd, 3)}});
   index.tensors.push_back(TensorEntry{"flags", DType::kBool, {4}, 4, {Chunk(0, 1, 24, 4, 4)}});
   return index;
 }
@@ -64,7 +67,8 @@ uint64_t Load64(const std::vector<uint8_t>& b, size_t at) {
 }
 
 void Store(std::vector<uint8_t>* b, size_t at, uint64_t v, int n) {
-  for (int i = 0; i < n; ++i) (*b)[at + static_cast<size_t>(i)] = static_cast<uint8_t>(v >> (8 * i));
+  for (int i = 0; i < n; ++i)
+    (*b)[at + static_cast<size_t>(i)] = static_cast<uint8_t>(v >> (8 * i));
 }
 
 // Recomputes the checksum after a patch, so that the decoder's other checks are what fails.
@@ -142,7 +146,8 @@ TEST(IndexFormatTest, RoundTripKeepsEverything) {
 
 TEST(IndexFormatTest, DataFilesLongerThanTheirChunksAreAccepted) {
   // O_DIRECT writers may leave padding after the last chunk.
-  EXPECT_TRUE(DecodeIndex(EncodeIndex(RichIndex()), kPath, std::vector<uint64_t>{4096, 4096, 4096}).ok());
+  EXPECT_TRUE(
+      DecodeIndex(EncodeIndex(RichIndex()), kPath, std::vector<uint64_t>{4096, 4096, 4096}).ok());
 }
 
 TEST(IndexFormatTest, EveryTruncationIsCorruption) {
@@ -245,8 +250,11 @@ TEST(IndexFormatTest, BadTensorsAreCorruption) {
       {"tensor 'a' has rank 65"});
   ExpectTinyMutationRejected([](Index& i) { i.tensors[0].shape = {-2}; },
                              {"negative or overflowing shape"});
-  ExpectTinyMutationRejected([](Index& i) { i.tensors[0].shape = {1LL << 40, 1LL << 40}; },
-                             {"negative or overflowing shape"});
+  ExpectTinyMutationRejected(
+      [](Index& i) {
+        i.tensors[0].shape = {1LL << 40, 1LL << 40};
+      },
+      {"negative or overflowing shape"});
   // 2^62 f32 elements overflow the byte count even though the element count fits.
   ExpectTinyMutationRejected([](Index& i) { i.tensors[0].shape = {1LL << 62}; },
                              {"negative or overflowing shape"});
@@ -296,8 +304,9 @@ TEST(IndexFormatTest, BadChunksAreCorruptionNamingTensorAndChunk) {
         i.tensors[0].chunks[1] = Chunk(8, 0, 8, 12, 12);
       },
       {"tensor 'a' chunk 1 ends at tensor byte 20, past the tensor's 16 bytes"});
-  ExpectTinyMutationRejected([](Index& i) { i.tensors[0].chunks[0].codec = static_cast<codec::Codec>(3); },
-                             {"tensor 'a' chunk 0 has unknown codec 3"});
+  ExpectTinyMutationRejected(
+      [](Index& i) { i.tensors[0].chunks[0].codec = static_cast<codec::Codec>(3); },
+      {"tensor 'a' chunk 0 has unknown codec 3"});
   ExpectTinyMutationRejected([](Index& i) { i.tensors[0].chunks[0].stored_bytes = 7; },
                              {"chunk 0 is stored raw but its stored size 7 differs"});
   ExpectTinyMutationRejected(
@@ -346,9 +355,9 @@ TEST(IndexFormatTest, ChunkBeyondDataFileIsCorruptionNamingFileTensorChunk) {
   const std::vector<uint8_t> bytes = EncodeIndex(RichIndex());
   std::vector<uint64_t> sizes = RichSizes();
   sizes[0] = 14;  // chunk 2 of layer/0/weights ends at 15
-  ExpectCorruption(DecodeIndex(bytes, kPath, sizes).status(),
-                   {"tensor 'layer/0/weights' chunk 2", "data-00000-of-00003",
-                    "holds only 14 bytes"});
+  ExpectCorruption(
+      DecodeIndex(bytes, kPath, sizes).status(),
+      {"tensor 'layer/0/weights' chunk 2", "data-00000-of-00003", "holds only 14 bytes"});
 }
 
 TEST(IndexFormatTest, ChunkOffsetOverflowIsCorruption) {
@@ -358,15 +367,17 @@ TEST(IndexFormatTest, ChunkOffsetOverflowIsCorruption) {
 }
 
 TEST(IndexFormatTest, WrongNumberOfDataFileSizesIsCorruption) {
-  ExpectCorruption(DecodeIndex(EncodeIndex(RichIndex()), kPath, std::vector<uint64_t>{100, 100}).status(),
-                   {"names 3 data files, but 2 were found"});
+  ExpectCorruption(
+      DecodeIndex(EncodeIndex(RichIndex()), kPath, std::vector<uint64_t>{100, 100}).status(),
+      {"names 3 data files, but 2 were found"});
 }
 
 TEST(IndexFormatTest, ParseIndexSkipsOnlyTheDataFileChecks) {
   const std::vector<uint8_t> bytes = EncodeIndex(RichIndex());
   Result<Index> parsed = ParseIndex(bytes, kPath);
   ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
-  EXPECT_EQ(CheckChunkLocations(*parsed, kPath, std::vector<uint64_t>{0, 0, 0}).code(), StatusCode::kCorruption);
+  EXPECT_EQ(CheckChunkLocations(*parsed, kPath, std::vector<uint64_t>{0, 0, 0}).code(),
+            StatusCode::kCorruption);
   EXPECT_TRUE(CheckChunkLocations(*parsed, kPath, RichSizes()).ok());
 }
 

@@ -44,8 +44,8 @@ class WriterTest : public ::testing::Test {
       const float v = 1.0f + 0.1f * std::sin(static_cast<float>(i) * 0.01f);
       std::memcpy(storage.data() + i * sizeof(float), &v, sizeof(v));
     }
-    return HostTensor{name, DType::kF32, {static_cast<int64_t>(count)}, storage.data(),
-                      storage.size()};
+    return HostTensor{
+        name, DType::kF32, {static_cast<int64_t>(count)}, storage.data(), storage.size()};
   }
   HostTensor Noise(const std::string& name, size_t bytes) {
     auto& storage = buffers_.emplace_back(bytes);
@@ -227,9 +227,9 @@ TEST_F(WriterTest, RawChunksHoldTheTensorBytesAtTheirOffsets) {
   for (const ChunkEntry& c : index->tensors[0].chunks) {
     ASSERT_EQ(c.codec, codec::Codec::kRaw);
     ASSERT_LE(c.file_offset + c.stored_bytes, files[c.file_index].size());
-    EXPECT_EQ(std::memcmp(files[c.file_index].data() + c.file_offset, raw + c.tensor_offset,
-                          c.raw_bytes),
-              0);
+    EXPECT_EQ(
+        std::memcmp(files[c.file_index].data() + c.file_offset, raw + c.tensor_offset, c.raw_bytes),
+        0);
     EXPECT_EQ(c.xxh3, codec::Checksum({raw + c.tensor_offset, c.raw_bytes}));
   }
   EXPECT_EQ(files[0].size() + files[1].size(), 10000u);
@@ -284,8 +284,8 @@ TEST_F(WriterTest, DataFileAppenderHandsOutBackToBackOffsets) {
     }
     ASSERT_TRUE((*file)->finish().ok());
     EXPECT_EQ((*file)->size(), expected.size());
-    EXPECT_EQ(ReadWholeFile(path), expected) << "direct " << direct << " (is_direct "
-                                             << (*file)->is_direct() << ")";
+    EXPECT_EQ(ReadWholeFile(path), expected)
+        << "direct " << direct << " (is_direct " << (*file)->is_direct() << ")";
   }
 }
 
@@ -334,8 +334,32 @@ TEST_F(WriterTest, AssembleIndexRejectsEntriesThatDoNotMatchTheirJobs) {
   EXPECT_EQ(index->tensors[0].chunks, entries);
   entries[1].raw_bytes = 1;
   EXPECT_EQ(AssembleIndex(tensors, {}, 1, jobs, entries).status().code(), StatusCode::kInternal);
+  entries[1].raw_bytes = jobs[1].length;
+  entries[1].stored_bytes = jobs[1].length - 1;  // raw chunks store exactly their raw bytes
+  EXPECT_EQ(AssembleIndex(tensors, {}, 1, jobs, entries).status().code(), StatusCode::kInternal);
   entries.pop_back();
   EXPECT_EQ(AssembleIndex(tensors, {}, 1, jobs, entries).status().code(), StatusCode::kInternal);
+}
+
+TEST_F(WriterTest, AssembleIndexRefusesWhatNoReaderWouldAccept) {
+  // The engine plans from tensors without data pointers: that alone is fine.
+  HostTensor spec{"a", DType::kF32, {4}, nullptr, 16};
+  std::vector<HostTensor> tensors = {spec};
+  const std::vector<ChunkJob> jobs = PlanChunks(tensors, 16, 1);
+  const std::vector<ChunkEntry> entries = {ChunkEntry{0, 0, 0, 16, 16, codec::Codec::kRaw, 0}};
+  EXPECT_TRUE(AssembleIndex(tensors, {}, 1, jobs, entries).ok());
+  EXPECT_EQ(AssembleIndex(tensors, {}, 0, jobs, entries).status().code(),
+            StatusCode::kInvalidArgument);
+  tensors[0].shape = std::vector<int64_t>(kMaxRank + 1, 1);
+  tensors[0].shape[0] = 4;
+  Status status = AssembleIndex(tensors, {}, 1, jobs, entries).status();
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("rank 65"));
+  CheckpointMetadata metadata;
+  metadata.user[std::string(kMaxMetadataKeyBytes + 1, 'k')] = "v";
+  tensors[0] = spec;
+  EXPECT_EQ(AssembleIndex(tensors, metadata, 1, jobs, entries).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 }  // namespace
