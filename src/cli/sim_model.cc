@@ -102,9 +102,9 @@ xt::xarray<T> InitialArray(size_t elements, uint64_t key, bool zero) {
 
 }  // namespace
 
-Result<std::unique_ptr<SimModel>> SimModel::Create(const SimConfig& config) {
+Status ValidateSimConfig(const SimConfig& config) {
   if (config.dtype != DType::kF32 && config.dtype != DType::kF64 && config.dtype != DType::kBF16) {
-    return Status::InvalidArgument("train-sim supports dtypes f32, f64 and bf16, not " +
+    return Status::InvalidArgument("--dtype: train-sim supports f32, f64 and bf16, not " +
                                    std::string(DTypeName(config.dtype)));
   }
   if (config.num_tensors <= 0 || config.num_tensors > 100000) {
@@ -118,6 +118,11 @@ Result<std::unique_ptr<SimModel>> SimModel::Create(const SimConfig& config) {
                                    " is too small for " + std::to_string(config.num_tensors) +
                                    " tensors");
   }
+  return Status::OK();
+}
+
+Result<std::unique_ptr<SimModel>> SimModel::Create(const SimConfig& config) {
+  RETURN_IF_ERROR(ValidateSimConfig(config));
   std::unique_ptr<SimModel> model(new SimModel(config));
   RETURN_IF_ERROR(model->Build());
   return model;

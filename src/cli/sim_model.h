@@ -35,6 +35,9 @@ struct SimConfig {
   uint64_t seed = 42;
 };
 
+/// InvalidArgument naming the flag when the config is unsupported (dtype, tensor count, size).
+Status ValidateSimConfig(const SimConfig& config);
+
 /// A model whose state lives in xtensor arrays registered in a TensorRegistry. Not thread-safe.
 class SimModel {
  public:

@@ -96,6 +96,12 @@ struct TrainSimConfig {
   RecordDatasetOptions input;
 };
 
+Status CheckRange(const char* flag, int64_t value, int64_t low, int64_t high) {
+  if (value >= low && value <= high) return Status::OK();
+  return Status::InvalidArgument("--" + std::string(flag) + " must be in [" + std::to_string(low) +
+                                 ", " + std::to_string(high) + "], got " + std::to_string(value));
+}
+
 Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
   TrainSimConfig config;
   ASSIGN_OR_RETURN(config.steps, flags.get_int("steps"));
@@ -115,6 +121,7 @@ Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
     return Status::InvalidArgument("--optimizer must be sgd or adam, not '" + optimizer + "'");
   ASSIGN_OR_RETURN(int64_t seed, flags.get_int("seed"));
   config.model.seed = static_cast<uint64_t>(seed);
+  RETURN_IF_ERROR(ValidateSimConfig(config.model));
   ASSIGN_OR_RETURN(config.step_ms, flags.get_double("step_ms"));
   if (config.step_ms < 0) return Status::InvalidArgument("--step_ms must be >= 0");
 
@@ -176,14 +183,12 @@ Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
   ASSIGN_OR_RETURN(int64_t shuffle, flags.get_int("shuffle_buffer"));
   ASSIGN_OR_RETURN(int64_t prefetch, flags.get_int("prefetch"));
   ASSIGN_OR_RETURN(config.input.epochs, flags.get_int("epochs"));
-  if (records < 1 || record_bytes < 1 || record_bytes > (1 << 20) || batch < 1 ||
-      batch > (1 << 20) || shuffle < 1 || shuffle > (1 << 24) || prefetch < 1 ||
-      prefetch > (1 << 20) || config.input.epochs < -1) {
-    return Status::InvalidArgument(
-        "input flags out of range: need --dataset_records >= 1, --record_bytes in [1, 1MiB], "
-        "--batch_size in [1, 2^20], --shuffle_buffer in [1, 2^24], --prefetch in [1, 2^20], "
-        "--epochs >= -1");
-  }
+  RETURN_IF_ERROR(CheckRange("dataset_records", records, 1, int64_t{1} << 40));
+  RETURN_IF_ERROR(CheckRange("record_bytes", record_bytes, 1, 1 << 20));
+  RETURN_IF_ERROR(CheckRange("batch_size", batch, 1, 1 << 20));
+  RETURN_IF_ERROR(CheckRange("shuffle_buffer", shuffle, 1, 1 << 24));
+  RETURN_IF_ERROR(CheckRange("prefetch", prefetch, 1, 1 << 20));
+  RETURN_IF_ERROR(CheckRange("epochs", config.input.epochs, -1, int64_t{1} << 40));
   config.dataset_records = static_cast<uint64_t>(records);
   config.record_bytes = static_cast<uint32_t>(record_bytes);
   config.batch_size = static_cast<size_t>(batch);
@@ -301,8 +306,10 @@ Result<std::unique_ptr<SessionRunHook>> MakeSaverHook(const TrainSimConfig& conf
   return std::unique_ptr<SessionRunHook>(std::move(hook).value());
 }
 
-// Restores the model at the newest step that has both a model and an input checkpoint (so the
-// input resumes at exactly that step), else at the latest model checkpoint.
+// Restores the model at the newest step that has both a model and an input checkpoint, so the
+// input resumes at exactly that step. Model checkpoints newer than that (their input checkpoint
+// was still being written when the job died) are not used: resuming from one would replay the
+// input from another position. With no complete step the job starts afresh from step 0.
 Result<int64_t> RestoreIfPresent(const TrainSimConfig& config, const TensorRegistry& registry) {
   const std::string& dir = config.saver.checkpoint_dir;
   auto latest = LatestCheckpoint(dir);
@@ -312,21 +319,20 @@ Result<int64_t> RestoreIfPresent(const TrainSimConfig& config, const TensorRegis
   }
   ASSIGN_OR_RETURN(std::optional<int64_t> common,
                    NewestCompleteStep(dir, config.saver.basename, "input.ckpt"));
-  std::string path = *latest;
-  if (common) path = dir + "/" + config.saver.basename + "-" + std::to_string(*common);
+  if (!common) {
+    std::fprintf(stderr,
+                 "train-sim: %s has model checkpoints but none with an input checkpoint of the "
+                 "same step; starting afresh from step 0\n",
+                 dir.c_str());
+    return int64_t{0};
+  }
+  const std::string path = dir + "/" + config.saver.basename + "-" + std::to_string(*common);
   ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(path));
   RETURN_IF_ERROR(reader->restore(registry).WithContext("restoring " + path));
-  if (common) {
-    std::fprintf(stderr,
-                 "train-sim: resuming at step %" PRId64 " from %s and %s/input.ckpt-%" PRId64
-                 " (the newest step with both a model and an input checkpoint)\n",
-                 *common, path.c_str(), dir.c_str(), *common);
-  } else {
-    std::fprintf(stderr,
-                 "train-sim: resuming from %s at step %" PRId64
-                 "; no input checkpoint of that step, so the input restarts from its latest\n",
-                 path.c_str(), reader->metadata().step);
-  }
+  std::fprintf(stderr,
+               "train-sim: resuming at step %" PRId64 " from %s and %s/input.ckpt-%" PRId64
+               " (the newest step with both a model and an input checkpoint)\n",
+               *common, path.c_str(), dir.c_str(), *common);
   return reader->metadata().step;
 }
 

@@ -1,0 +1,557 @@
+// End-to-end tests of `asyncckpt train-sim`: the CLI trains the synthetic model on a dataset the
+// test writes and checkpoints it; the test replays the same model on the same input in-process
+// and checks every checkpoint bit for bit, then resumes (after a clean exit and after SIGKILL)
+// and checks the job ends where a straight run ends.
+
+#include <errno.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "asyncckpt/input_pipeline.h"
+#include "asyncckpt/reader.h"
+#include "asyncckpt/state.h"
+#include "src/cli/sim_model.h"
+
+extern char** environ;
+
+namespace asyncckpt {
+namespace {
+
+namespace fs = std::filesystem;
+using cli::Optimizer;
+using cli::SimConfig;
+using cli::SimModel;
+using Json = nlohmann::json;
+
+// Small enough that a run takes a fraction of a second, with several chunks per tensor.
+constexpr char kModelBytes[] = "2MiB";
+constexpr int kTensors = 3;
+constexpr char kChunkBytes[] = "96KiB";
+// The input: 100 records of 32 bytes, 8 a step, so an epoch ends every 12.5 steps and the runs
+// cross epochs (and resume across them).
+constexpr uint64_t kRecords = 100;
+constexpr uint32_t kRecordBytes = 32;
+constexpr size_t kBatchSize = 8;
+constexpr size_t kShuffleBuffer = 24;
+constexpr size_t kPrefetch = 5;
+constexpr uint64_t kSeed = 42;
+// Longest a single CLI run may take before the test calls it hung (sanitizer builds included).
+constexpr auto kRunTimeout = std::chrono::seconds(90);
+
+std::string CliPath() {
+  const char* path = std::getenv("ASYNCCKPT_CLI");
+  return path == nullptr ? std::string() : std::string(path);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::string Hex(uint64_t value) {
+  char buffer[20];
+  std::snprintf(buffer, sizeof(buffer), "%016" PRIx64, value);
+  return buffer;
+}
+
+// A running CLI process whose stdout and stderr go to files. Reaps the child when destroyed
+// (killing it first if it still runs), so a failed assertion leaves no process behind.
+class CliProcess {
+ public:
+  CliProcess(const std::vector<std::string>& args, const std::string& out_path,
+             const std::string& err_path)
+      : out_path_(out_path), err_path_(err_path) {
+    std::vector<std::string> all = {CliPath()};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& arg : all) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                     0644);
+    spawn_error_ = posix_spawn(&pid_, all[0].c_str(), &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (spawn_error_ != 0) pid_ = -1;
+  }
+  CliProcess(const CliProcess&) = delete;
+  CliProcess& operator=(const CliProcess&) = delete;
+  ~CliProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      Wait();
+    }
+  }
+
+  bool started() const { return pid_ > 0; }
+  int spawn_error() const { return spawn_error_; }
+  void Kill() {
+    if (pid_ > 0) kill(pid_, SIGKILL);
+  }
+  // True when the process has not exited yet.
+  bool Running() {
+    if (pid_ <= 0) return false;
+    int status = 0;
+    const pid_t reaped = waitpid(pid_, &status, WNOHANG);
+    if (reaped == 0 || (reaped < 0 && errno == EINTR)) return true;
+    if (reaped < 0) {
+      pid_ = -1;
+      return false;
+    }
+    Record(status);
+    return false;
+  }
+  // The exit code, or 128 + the signal that ended it.
+  int Wait() {
+    if (pid_ > 0) {
+      int status = 0;
+      pid_t reaped;
+      while ((reaped = waitpid(pid_, &status, 0)) < 0 && errno == EINTR) {
+      }
+      if (reaped < 0) {
+        pid_ = -1;
+        return exit_code_;
+      }
+      Record(status);
+    }
+    return exit_code_;
+  }
+  // Wait(), but kills the process and returns nullopt when it runs past `timeout`.
+  std::optional<int> WaitFor(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (Running()) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        Kill();
+        Wait();
+        return std::nullopt;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return exit_code_;
+  }
+  std::string out() const { return ReadFile(out_path_); }
+  std::string err() const { return ReadFile(err_path_); }
+
+ private:
+  void Record(int status) {
+    pid_ = -1;
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+  std::string out_path_, err_path_;
+  pid_t pid_ = -1;
+  int spawn_error_ = 0;
+  int exit_code_ = -1;
+};
+
+// One finished run: exit code, output, and the --metrics_json document when it parsed.
+struct RunResult {
+  int exit_code = -1;
+  std::string out, err;
+  Json metrics;
+};
+
+// The model the CLI builds from the flags the tests pass.
+SimConfig ModelConfig(const std::string& dtype, Optimizer optimizer) {
+  SimConfig config;
+  config.state_bytes = 2ull << 20;
+  config.num_tensors = kTensors;
+  config.dtype = *ParseDType(dtype);
+  config.optimizer = optimizer;
+  config.seed = kSeed;
+  return config;
+}
+
+// The training job redone in-process: the model, fed the digest of each step's batch from the
+// same dataset, shuffle and seed that train-sim uses. Failures are test failures.
+class Replay {
+ public:
+  Replay(const SimConfig& config, const std::string& dataset) {
+    auto model = SimModel::Create(config);
+    EXPECT_TRUE(model.ok()) << model.status().ToString();
+    if (model.ok()) model_ = std::move(model).value();
+    RecordDatasetOptions options;
+    options.path = dataset;
+    options.shuffle_buffer = kShuffleBuffer;
+    options.prefetch = kPrefetch;
+    options.seed = config.seed;
+    options.epochs = -1;
+    auto input = RecordDatasetIterator::Open(options);
+    EXPECT_TRUE(input.ok()) << input.status().ToString();
+    if (input.ok()) input_ = std::move(input).value();
+  }
+
+  bool ok() const { return model_ != nullptr && input_ != nullptr; }
+  const SimModel& model() const { return *model_; }
+  int64_t step() const { return step_; }
+
+  // Runs steps until the global step is `step`.
+  void AdvanceTo(int64_t step) {
+    std::vector<uint8_t> batch;
+    while (ok() && step_ < step) {
+      Status next = input_->next_batch(kBatchSize, &batch);
+      ASSERT_TRUE(next.ok()) << next.ToString();
+      model_->Step(++step_, XXH3_64bits(batch.data(), batch.size()));
+    }
+  }
+
+ private:
+  std::unique_ptr<SimModel> model_;
+  std::unique_ptr<RecordDatasetIterator> input_;
+  int64_t step_ = 0;
+};
+
+// Replays the job from step 0 to `last_step` and checks, on the way, that every checkpoint the
+// state file of `dir` lists holds exactly the model's state at its step. Returns the digest of
+// the state at `last_step` (0 after a fatal failure).
+uint64_t ExpectListedCheckpointsMatchReplay(const std::string& dir, const SimConfig& config,
+                                            const std::string& dataset, int64_t last_step) {
+  Replay replay(config, dataset);
+  if (!replay.ok()) return 0;
+  auto state = GetCheckpointState(dir);
+  EXPECT_TRUE(state.ok()) << state.status().ToString();
+  if (!state.ok()) return 0;
+  std::map<int64_t, std::unique_ptr<CheckpointReader>> by_step;
+  for (const auto& name : state->all_model_checkpoint_paths) {
+    auto reader = CheckpointReader::Open(dir + "/" + name);
+    EXPECT_TRUE(reader.ok()) << reader.status().ToString();
+    if (!reader.ok()) continue;
+    const int64_t step = (*reader)->metadata().step;
+    EXPECT_EQ(name, "model.ckpt-" + std::to_string(step)) << "in " << dir;
+    EXPECT_EQ((*reader)->metadata().user.count("seed"), 1u) << name;
+    by_step[step] = std::move(reader).value();
+  }
+  for (auto& [checkpoint_step, reader] : by_step) {
+    EXPECT_LE(checkpoint_step, last_step) << reader->path();
+    replay.AdvanceTo(checkpoint_step);
+    const TensorRegistry& registry = replay.model().registry();
+    EXPECT_EQ(reader->tensors().size(), registry.size()) << reader->path();
+    std::string differing;
+    for (const TensorRef& tensor : registry.tensors()) {
+      const TensorInfo* info = reader->find(tensor.name);
+      if (info == nullptr) {
+        ADD_FAILURE() << reader->path() << " lacks tensor " << tensor.name;
+        continue;
+      }
+      EXPECT_EQ(info->dtype, tensor.dtype) << tensor.name;
+      EXPECT_EQ(info->shape, tensor.shape) << tensor.name;
+      std::vector<char> bytes(tensor.bytes);
+      Status read = reader->read(tensor.name, bytes.data(), bytes.size());
+      EXPECT_TRUE(read.ok()) << read.ToString();
+      const char* expected = static_cast<const char*>(tensor.data);
+      auto mismatch = std::mismatch(bytes.begin(), bytes.end(), expected);
+      if (mismatch.first != bytes.end()) {
+        differing += " " + tensor.name + " (first at byte " +
+                     std::to_string(mismatch.first - bytes.begin()) + ")";
+      }
+    }
+    if (!differing.empty()) {
+      // Later checkpoints follow from this one; one report says it all.
+      ADD_FAILURE() << reader->path() << " differs from the replayed state at step "
+                    << checkpoint_step << " in:" << differing;
+      return 0;
+    }
+  }
+  replay.AdvanceTo(last_step);
+  return replay.ok() ? replay.model().Digest() : 0;
+}
+
+// Entries of `dir` that are temporaries of an unfinished save or state-file rewrite.
+std::vector<std::string> Temporaries(const std::string& dir) {
+  std::vector<std::string> found;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find(".tmp-") != std::string::npos) found.push_back(name);
+  }
+  return found;
+}
+
+// The highest step the state file of `dir` lists, or -1.
+int64_t LatestListedStep(const std::string& dir) {
+  auto state = GetCheckpointState(dir);
+  if (!state.ok() || state->model_checkpoint_path.empty()) return -1;
+  const std::string& name = state->model_checkpoint_path;
+  return std::strtoll(name.c_str() + name.rfind('-') + 1, nullptr, 10);
+}
+
+class TrainSimTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(CliPath().empty()) << "set ASYNCCKPT_CLI to the asyncckpt binary (ctest does)";
+    ASSERT_TRUE(fs::exists(CliPath())) << CliPath();
+    std::string pattern = ::testing::TempDir() + "/train_sim_test.XXXXXX";
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr) << std::strerror(errno);
+    root_ = pattern;
+    dataset_ = root_ + "/dataset.bin";
+    Status written = WriteRecordDataset(dataset_, kRecords, kRecordBytes, /*seed=*/7);
+    ASSERT_TRUE(written.ok()) << written.ToString();
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!root_.empty()) fs::remove_all(root_, ec);
+  }
+
+  std::string Path(const std::string& name) const { return root_ + "/" + name; }
+
+  // The flags every run shares, then `extra`.
+  std::vector<std::string> Args(const std::string& dir, int64_t steps,
+                                const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"train-sim", "--quiet"};
+    auto flag = [&](const char* name, const std::string& value) {
+      args.push_back(std::string("--") + name);
+      args.push_back(value);
+    };
+    flag("model_bytes", kModelBytes);
+    flag("tensors", std::to_string(kTensors));
+    flag("chunk_bytes", kChunkBytes);
+    flag("steps", std::to_string(steps));
+    flag("save_steps", "4");
+    flag("seed", std::to_string(kSeed));
+    flag("dataset", dataset_);
+    flag("batch_size", std::to_string(kBatchSize));
+    flag("shuffle_buffer", std::to_string(kShuffleBuffer));
+    flag("prefetch", std::to_string(kPrefetch));
+    flag("checkpoint_dir", dir);
+    flag("metrics_json", dir + ".metrics.json");
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+
+  // Runs train-sim to completion.
+  RunResult Train(const std::string& dir, int64_t steps,
+                  const std::vector<std::string>& extra = {}) {
+    const std::string tag = dir + "." + std::to_string(++runs_);
+    CliProcess process(Args(dir, steps, extra), tag + ".out", tag + ".err");
+    EXPECT_TRUE(process.started()) << std::strerror(process.spawn_error());
+    RunResult result;
+    const std::optional<int> code = process.WaitFor(kRunTimeout);
+    EXPECT_TRUE(code.has_value()) << "train-sim hung; killed after " << kRunTimeout.count()
+                                  << " s: " << process.err();
+    result.exit_code = code.value_or(-1);
+    result.out = process.out();
+    result.err = process.err();
+    if (result.exit_code == 0) {
+      const std::string text = ReadFile(dir + ".metrics.json");
+      result.metrics = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+      EXPECT_FALSE(result.metrics.is_discarded()) << "--metrics_json is not JSON: " << text;
+    }
+    return result;
+  }
+
+  std::string root_;
+  std::string dataset_;
+  int runs_ = 0;
+};
+
+// ---- every checkpoint equals the replayed state ------------------------------------------------
+
+struct RoundTripCase {
+  const char* saver;
+  const char* dtype;
+  Optimizer optimizer;
+  const char* compression;
+  const char* num_data_files;
+};
+
+void PrintTo(const RoundTripCase& c, std::ostream* os) {
+  *os << "--saver " << c.saver << " --dtype " << c.dtype << " --optimizer "
+      << (c.optimizer == Optimizer::kAdam ? "adam" : "sgd") << " --compression " << c.compression
+      << " --num_data_files " << c.num_data_files;
+}
+
+class TrainSimRoundTripTest : public TrainSimTest,
+                              public ::testing::WithParamInterface<RoundTripCase> {};
+
+TEST_P(TrainSimRoundTripTest, EveryListedCheckpointEqualsTheReplayedStateBitForBit) {
+  const RoundTripCase& c = GetParam();
+  const std::string dir = Path("ckpt");
+  const char* optimizer = c.optimizer == Optimizer::kAdam ? "adam" : "sgd";
+  RunResult run = Train(
+      dir, 12,
+      {"--saver", c.saver, "--dtype", c.dtype, "--optimizer", optimizer, "--compression",
+       c.compression, "--num_data_files", c.num_data_files, "--max_to_keep", "0", "--verify"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  ASSERT_TRUE(run.metrics.is_object());
+  EXPECT_EQ(run.metrics["saver"], c.saver);
+  EXPECT_EQ(run.metrics["start_step"], 0);
+  EXPECT_EQ(run.metrics["final_step"], 12);
+  EXPECT_EQ(run.metrics["checkpoints_committed"], 4);  // steps 0, 4, 8, 12
+  EXPECT_EQ(run.metrics["saves_failed"], 0);
+  EXPECT_EQ(run.metrics["verified_checkpoints"], 4);
+  for (const Json& save : run.metrics["saves"]) EXPECT_EQ(save["ok"], true) << save.dump();
+
+  auto state = GetCheckpointState(dir);
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  EXPECT_EQ(
+      state->all_model_checkpoint_paths,
+      (std::vector<std::string>{"model.ckpt-0", "model.ckpt-4", "model.ckpt-8", "model.ckpt-12"}));
+  EXPECT_EQ(state->model_checkpoint_path, "model.ckpt-12");
+
+  EXPECT_EQ(run.metrics["records_consumed"], 12 * kBatchSize);
+  const uint64_t digest = ExpectListedCheckpointsMatchReplay(dir, ModelConfig(c.dtype, c.optimizer),
+                                                             dataset_, /*last_step=*/12);
+  EXPECT_EQ(run.metrics["final_state_digest"], Hex(digest));
+  EXPECT_NE(run.out.find("final_state_digest " + Hex(digest)), std::string::npos) << run.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    SaversDtypesOptimizers, TrainSimRoundTripTest,
+    ::testing::Values(RoundTripCase{"sync", "f32", Optimizer::kAdam, "shuffle+zstd", "2"},
+                      RoundTripCase{"async", "f32", Optimizer::kAdam, "shuffle+zstd", "2"},
+                      RoundTripCase{"sync", "f64", Optimizer::kSgd, "zstd", "3"},
+                      RoundTripCase{"async", "f64", Optimizer::kAdam, "none", "1"},
+                      RoundTripCase{"sync", "bf16", Optimizer::kAdam, "none", "2"},
+                      RoundTripCase{"async", "bf16", Optimizer::kSgd, "shuffle+zstd", "3"}),
+    [](const ::testing::TestParamInfo<RoundTripCase>& info) {
+      std::string name = std::string(info.param.saver) + "_" + info.param.dtype + "_" +
+                         (info.param.optimizer == Optimizer::kAdam ? "adam" : "sgd");
+      return name;
+    });
+
+// ---- resume ------------------------------------------------------------------------------------
+
+// The step a resumed run in `dir` must start from for the job to go on exactly: the newest step
+// with both a model and an input checkpoint; nullopt when there is none.
+std::optional<int64_t> CompleteResumeStep(const std::string& dir) {
+  auto common = NewestCompleteStep(dir, "model.ckpt", "input.ckpt");
+  EXPECT_TRUE(common.ok()) << common.status().ToString();
+  return common.ok() ? *common : std::nullopt;
+}
+
+// True when `err` announces a resume at `step` from the model checkpoint of that step.
+bool SaysResumedAt(const std::string& err, const std::string& dir, int64_t step) {
+  const std::string checkpoint = dir + "/model.ckpt-" + std::to_string(step);
+  const std::string at = "step " + std::to_string(step);
+  for (size_t begin = 0; begin < err.size();) {
+    size_t end = err.find('\n', begin);
+    if (end == std::string::npos) end = err.size();
+    const std::string line = err.substr(begin, end - begin);
+    if (line.find("resuming") != std::string::npos && line.find(checkpoint) != std::string::npos &&
+        line.find(at) != std::string::npos) {
+      return true;
+    }
+    begin = end + 1;
+  }
+  return false;
+}
+
+TEST_F(TrainSimTest, ResumedRunEndsInTheStateOfAStraightRun) {
+  const std::string dir = Path("resumed");
+  RunResult first = Train(dir, 12);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_EQ(first.err.find("resuming"), std::string::npos) << first.err;
+
+  RunResult second = Train(dir, 20);
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_TRUE(SaysResumedAt(second.err, dir, 12)) << second.err;
+  EXPECT_EQ(second.metrics["start_step"], 12);
+  EXPECT_EQ(second.metrics["final_step"], 20);
+  EXPECT_EQ(second.metrics["steps_run"], 8);
+
+  RunResult straight = Train(Path("straight"), 20, {"--saver", "sync"});
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  EXPECT_EQ(second.metrics["final_state_digest"], straight.metrics["final_state_digest"]);
+  EXPECT_EQ(second.metrics["input_state_digest"], straight.metrics["input_state_digest"]);
+  EXPECT_EQ(second.metrics["records_consumed"], straight.metrics["records_consumed"]);
+
+  const uint64_t digest = ExpectListedCheckpointsMatchReplay(
+      dir, ModelConfig("f32", Optimizer::kAdam), dataset_, /*last_step=*/20);
+  EXPECT_EQ(second.metrics["final_state_digest"], Hex(digest));
+  EXPECT_EQ(LatestListedStep(dir), 20);
+}
+
+TEST_F(TrainSimTest, RunKilledMidwayResumesToTheStateOfAnUninterruptedRun) {
+  const std::string dir = Path("killed");
+  constexpr int64_t kSteps = 40;
+  {
+    // 50 ms a step: checkpoint 4 lands after ~0.2 s, the run would end after ~2 s.
+    CliProcess slow(Args(dir, kSteps, {"--step_ms", "50", "--max_to_keep", "0"}), Path("slow.out"),
+                    Path("slow.err"));
+    ASSERT_TRUE(slow.started()) << std::strerror(slow.spawn_error());
+    // Kill it once a checkpoint after the first is listed, preferably while a later save is
+    // still being written (a temporary exists), at the latest once step 12 is listed.
+    const auto deadline = std::chrono::steady_clock::now() + kRunTimeout;
+    bool killed = false;
+    while (!killed && slow.Running() && std::chrono::steady_clock::now() < deadline) {
+      const int64_t listed = LatestListedStep(dir);
+      const bool saving = fs::exists(dir) && !Temporaries(dir).empty();
+      if ((listed >= 4 && saving) || listed >= 12) {
+        slow.Kill();
+        killed = true;
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    const int code = slow.Wait();
+    ASSERT_TRUE(killed) << "train-sim ended (exit " << code
+                        << ") before its checkpoints could be awaited: " << slow.err();
+    ASSERT_EQ(code, 128 + SIGKILL) << slow.err();
+  }
+
+  // What the killed run committed is sound and holds the model's state at its step.
+  const int64_t latest = LatestListedStep(dir);
+  ASSERT_GE(latest, 4);
+  ASSERT_LT(latest, kSteps);
+  ExpectListedCheckpointsMatchReplay(dir, ModelConfig("f32", Optimizer::kAdam), dataset_, latest);
+  const std::optional<int64_t> resume_step = CompleteResumeStep(dir);
+  const std::string killed_at =
+      "killed with model checkpoints up to step " + std::to_string(latest) + " listed and " +
+      (resume_step ? "step " + std::to_string(*resume_step) : std::string("no step")) +
+      " with both a model and an input checkpoint";
+
+  // Leftovers of a save and of a state-file rewrite that a crash interrupted, for certain.
+  const std::string stale = dir + "/model.ckpt-9999.tmp-0123456789abcdef";
+  fs::create_directory(stale);
+  std::ofstream(stale + "/data-00000-of-00002") << "partial";
+  std::ofstream(dir + "/checkpoint.tmp-0123456789abcdef") << "partial";
+
+  RunResult resumed = Train(dir, kSteps, {"--max_to_keep", "0"});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  if (resume_step) {
+    EXPECT_TRUE(SaysResumedAt(resumed.err, dir, *resume_step)) << killed_at << "\n" << resumed.err;
+    EXPECT_EQ(resumed.metrics["start_step"], *resume_step) << killed_at;
+  }
+  EXPECT_EQ(resumed.metrics["final_step"], kSteps);
+  EXPECT_TRUE(Temporaries(dir).empty()) << ::testing::PrintToString(Temporaries(dir));
+
+  RunResult straight = Train(Path("straight"), kSteps);
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  EXPECT_EQ(resumed.metrics["final_state_digest"], straight.metrics["final_state_digest"])
+      << killed_at << "; the resumed run said:\n"
+      << resumed.err;
+  EXPECT_EQ(resumed.metrics["input_state_digest"], straight.metrics["input_state_digest"])
+      << killed_at;
+  const uint64_t digest = ExpectListedCheckpointsMatchReplay(
+      dir, ModelConfig("f32", Optimizer::kAdam), dataset_, kSteps);
+  EXPECT_EQ(resumed.metrics["final_state_digest"], Hex(digest)) << killed_at;
+}
+
+}  // namespace
+}  // namespace asyncckpt
