@@ -51,6 +51,7 @@ function(asyncckpt_add_test source)
                         PkgConfig::liburing PkgConfig::libxxhash GTest::gtest_main GTest::gmock)
   if(ASYNCCKPT_WITH_CUDA)
     target_compile_definitions(${name} PRIVATE ASYNCCKPT_WITH_CUDA=1)
+    target_link_libraries(${name} PRIVATE CUDA::cudart)
   endif()
   asyncckpt_warnings(${name})
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120
