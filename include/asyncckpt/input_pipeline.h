@@ -21,7 +21,8 @@
 
 namespace asyncckpt {
 
-/// The state file of the input pipeline's checkpoints.
+/// The state file of the input pipeline's checkpoints in a single-worker job (see
+/// InputStateFileName).
 inline constexpr char kInputStateFileName[] = "checkpoint_input";
 
 /// An iterator's saved state: named tensors in host memory that it owns.
@@ -122,7 +123,13 @@ struct InputPipelineOptions {
 /// The basename the options give: "input.ckpt", or "input_<task_type>_<task_id>.ckpt".
 std::string InputCheckpointBasename(const InputPipelineOptions& options);
 
-/// Saves and restores a SaveableIterator beside the model's checkpoints, with TensorFlow's
+/// The state file the options give: "checkpoint_input", or "checkpoint_input_<task_type>_<task_id>"
+/// with several workers (TensorFlow's latest_filename), so that workers sharing checkpoint_dir
+/// never share a state file (nor retain or restore each other's checkpoints).
+std::string InputStateFileName(const InputPipelineOptions& options);
+
+/// Saves and restores a SaveableIterator beside the model's checkpoints (basename
+/// InputCheckpointBasename, state file InputStateFileName), with TensorFlow's
 /// CheckpointInputPipelineHook semantics: on the first before_run it restores the input
 /// checkpoint of the session's starting step (else the latest one, saying so) if there is one,
 /// and otherwise saves the initial state; then it saves on its own schedule and at end().
@@ -156,7 +163,8 @@ class CheckpointInputPipelineHook : public SessionRunHook {
 };
 
 /// The newest step that has both a committed model checkpoint (`model_basename`, state file
-/// "checkpoint") and an input checkpoint (`input_basename`, state file "checkpoint_input") in
+/// "checkpoint") and an input checkpoint (`input_basename`, state file "checkpoint_" + the
+/// basename without ".ckpt": "checkpoint_input" for "input.ckpt", as InputStateFileName) in
 /// `dir`; nullopt when there is none (a fresh job).
 Result<std::optional<int64_t>> NewestCompleteStep(const std::string& dir,
                                                   const std::string& model_basename,

@@ -318,7 +318,8 @@ Result<int64_t> RestoreIfPresent(const TrainSimConfig& config, const TensorRegis
     return latest.status();
   }
   ASSIGN_OR_RETURN(std::optional<int64_t> common,
-                   NewestCompleteStep(dir, config.saver.basename, "input.ckpt"));
+                   NewestCompleteStep(dir, config.saver.basename,
+                                      InputCheckpointBasename(InputPipelineOptions{})));
   if (!common) {
     std::fprintf(stderr,
                  "train-sim: %s has model checkpoints but none with an input checkpoint of the "
@@ -358,6 +359,7 @@ Result<std::unique_ptr<CheckpointInputPipelineHook>> MakeInputHook(const TrainSi
   options.save_secs = config.saver.save_secs;
   options.max_to_keep = config.saver.max_to_keep;
   options.compression = config.saver.compression;
+  options.chunk_bytes = config.saver.chunk_bytes;
   return CheckpointInputPipelineHook::Create(options, input);
 }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <string_view>
 
 #include "asyncckpt/reader.h"
 #include "asyncckpt/state.h"
@@ -86,6 +87,25 @@ std::string InputCheckpointBasename(const InputPipelineOptions& options) {
 
 namespace {
 
+// "checkpoint_" + the basename without ".ckpt": "checkpoint_input" for "input.ckpt", and
+// "checkpoint_input_worker_1" for "input_worker_1.ckpt" (TensorFlow's latest_filename).
+std::string StateFileForBasename(const std::string& basename) {
+  constexpr std::string_view kSuffix = ".ckpt";
+  std::string stem = basename;
+  if (stem.size() > kSuffix.size() && stem.ends_with(kSuffix)) {
+    stem.resize(stem.size() - kSuffix.size());
+  }
+  return "checkpoint_" + stem;
+}
+
+}  // namespace
+
+std::string InputStateFileName(const InputPipelineOptions& options) {
+  return StateFileForBasename(InputCheckpointBasename(options));
+}
+
+namespace {
+
 // The saver options the input hook's storage and checks share with the model's savers.
 SaverOptions AsSaverOptions(const InputPipelineOptions& options) {
   SaverOptions saver;
@@ -128,7 +148,7 @@ Result<std::optional<int64_t>> NewestCompleteStep(const std::string& dir,
   ASSIGN_OR_RETURN(std::set<int64_t> model,
                    RetainedSteps(dir, model_basename, kCheckpointStateFileName));
   ASSIGN_OR_RETURN(std::set<int64_t> input,
-                   RetainedSteps(dir, input_basename, kInputStateFileName));
+                   RetainedSteps(dir, input_basename, StateFileForBasename(input_basename)));
   for (auto it = model.rbegin(); it != model.rend(); ++it) {
     if (input.count(*it)) return std::optional<int64_t>(*it);
   }
@@ -140,13 +160,13 @@ class CheckpointInputPipelineHook::Impl {
   Impl(InputPipelineOptions options, SaveableIterator* iterator, SaveSchedule schedule)
       : options_(std::move(options)),
         saver_options_(AsSaverOptions(options_)),
+        state_file_(InputStateFileName(options_)),
         iterator_(iterator),
         schedule_(std::move(schedule)) {}
   ~Impl() { engine_.reset(); }
 
   Status Begin() {
-    ASSIGN_OR_RETURN(std::vector<std::string> removed,
-                     storage_.Start(saver_options_, kInputStateFileName));
+    ASSIGN_OR_RETURN(std::vector<std::string> removed, storage_.Start(saver_options_, state_file_));
     (void)removed;  // SaverStorage::Start already logged them
     return Status::OK();
   }
@@ -164,7 +184,7 @@ class CheckpointInputPipelineHook::Impl {
     if (storage_.fs->stat(exact, &exists, &is_dir).ok() && exists && is_dir) {
       path = exact;
     } else {
-      auto latest = LatestCheckpoint(options_.checkpoint_dir, kInputStateFileName);
+      auto latest = LatestCheckpoint(options_.checkpoint_dir, state_file_);
       if (!latest.ok() && latest.status().code() != StatusCode::kNotFound) return latest.status();
       if (latest.ok()) {
         path = *latest;
@@ -240,9 +260,13 @@ class CheckpointInputPipelineHook::Impl {
     engine_options.background_threads = 1;
     uint64_t budget = options_.staging_bytes;
     if (budget == 0) budget = iterator_->max_state_bytes();
-    if (budget == 0) budget = 2 * state_.total_bytes();
-    // Room for every entry's page rounding and a full chunk, whatever the state's shape.
-    budget += (registry_.size() + 2) * 4096 + std::min<uint64_t>(options_.chunk_bytes, budget);
+    const bool bounded = budget != 0;
+    if (!bounded) budget = 2 * state_.total_bytes();
+    // Room for every entry's page rounding and for the largest chunk: no chunk outgrows a bound
+    // on the state, but without one a later state may outgrow the first snapshot, and only a
+    // whole chunk_bytes is sure to hold each of its chunks (a chunk over the budget fails).
+    budget += (registry_.size() + 2) * 4096 +
+              (bounded ? std::min<uint64_t>(options_.chunk_bytes, budget) : options_.chunk_bytes);
     engine_options.staging_bytes = budget;
     ASSIGN_OR_RETURN(engine_,
                      Engine::Create(engine_options, storage_.fs.get(), storage_.manager.get(),
@@ -273,6 +297,7 @@ class CheckpointInputPipelineHook::Impl {
 
   const InputPipelineOptions options_;
   const SaverOptions saver_options_;
+  const std::string state_file_;
   SaveableIterator* const iterator_;
   SaveSchedule schedule_;
   SaverStorage storage_;

@@ -3,14 +3,18 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "asyncckpt/input_pipeline.h"
 #include "io/file_system.h"
+#include "src/state/checkpoint_state.h"
 #include "src/util/io_status.h"
 #include "src/util/status_macros.h"
 
@@ -64,19 +68,13 @@ struct Rng {
 
 }  // namespace
 
-Status WriteRecordDataset(const std::string& path, uint64_t num_records, uint32_t record_bytes,
-                          uint64_t seed) {
-  if (record_bytes == 0 || record_bytes > kMaxRecordBytes) {
-    return Status::InvalidArgument("record_bytes must be in [1, 64 MiB], got " +
-                                   std::to_string(record_bytes));
-  }
-  auto fs = io::NewPosixFileSystem();
-  std::unique_ptr<io::File> file;
-  RETURN_IF_ERROR(
-      ToStatus(fs->open(path, {.write = true, .create = true, .truncate = true}, &file)));
+namespace {
+
+// Writes the header and every record into `file`, then syncs it.
+Status WriteRecords(io::File& file, uint64_t num_records, uint32_t record_bytes, uint64_t seed) {
   uint8_t header[kHeaderBytes];
   EncodeHeader(Header{num_records, record_bytes}, header);
-  RETURN_IF_ERROR(ToStatus(file->write_at(0, header, kHeaderBytes)));
+  RETURN_IF_ERROR(ToStatus(file.write_at(0, header, kHeaderBytes)));
   // Records are written in blocks; each record's bytes come from its index and the seed.
   const uint64_t per_block = std::max<uint64_t>(1, (1u << 20) / record_bytes);
   std::vector<uint8_t> block;
@@ -92,9 +90,45 @@ Status WriteRecordDataset(const std::string& path, uint64_t num_records, uint32_
       }
     }
     RETURN_IF_ERROR(
-        ToStatus(file->write_at(kHeaderBytes + first * record_bytes, block.data(), block.size())));
+        ToStatus(file.write_at(kHeaderBytes + first * record_bytes, block.data(), block.size())));
   }
-  return ToStatus(file->sync());
+  return ToStatus(file.sync());
+}
+
+std::string ParentDir(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+}  // namespace
+
+Status WriteRecordDataset(const std::string& path, uint64_t num_records, uint32_t record_bytes,
+                          uint64_t seed) {
+  if (record_bytes == 0 || record_bytes > kMaxRecordBytes) {
+    return Status::InvalidArgument("record_bytes must be in [1, 64 MiB], got " +
+                                   std::to_string(record_bytes));
+  }
+  if (num_records > (uint64_t{1} << 62) / record_bytes) {
+    return Status::InvalidArgument("a dataset of " + std::to_string(num_records) + " records of " +
+                                   std::to_string(record_bytes) + " bytes is too large");
+  }
+  // Written under a temporary name and renamed into place, so a writer killed midway never
+  // leaves a truncated dataset at `path` that every later run would refuse.
+  auto fs = io::NewPosixFileSystem();
+  const std::string tmp = TempDirName(path);
+  Status status;
+  {
+    std::unique_ptr<io::File> file;
+    status = ToStatus(fs->open(tmp, {.write = true, .create = true, .truncate = true}, &file));
+    if (status.ok()) status = WriteRecords(*file, num_records, record_bytes, seed);
+  }
+  if (status.ok()) status = ToStatus(fs->rename(tmp, path));
+  if (!status.ok()) {
+    (void)fs->remove_file(tmp);  // best effort: the failure above is what matters
+    return status.WithContext("writing the dataset " + path);
+  }
+  return ToStatus(fs->sync_dir(ParentDir(path)));
 }
 
 class RecordDatasetIterator::Impl {
@@ -128,7 +162,13 @@ class RecordDatasetIterator::Impl {
   }
 
   Status Save(IteratorState* state) {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
+    // The prefetch queue is saved only once it is settled (full, or the file exhausted): then
+    // the state is a function of what was consumed, not of how far the thread happened to read,
+    // and equal positions save equal bytes.
+    produced_.wait(lock, [&] {
+      return producer_done_ || queue_.size() >= std::max<size_t>(1, options_.prefetch);
+    });
     RETURN_IF_ERROR(producer_status_);
     const int64_t position[4] = {epoch_, index_, emitted_,
                                  static_cast<int64_t>(header_.record_bytes)};
@@ -146,18 +186,42 @@ class RecordDatasetIterator::Impl {
   }
 
   Status Restore(const IteratorState& state) {
+    RETURN_IF_ERROR(Find(state, "position").status());
+    ASSIGN_OR_RETURN(const IteratorState::Entry* rng, Find(state, "rng"));
+    ASSIGN_OR_RETURN(const IteratorState::Entry* shuffle, Find(state, "shuffle_buffer"));
+    ASSIGN_OR_RETURN(const IteratorState::Entry* prefetch, Find(state, "prefetch_buffer"));
     ASSIGN_OR_RETURN(std::vector<int64_t> position, state.get_i64("position", 4));
-    if (position[3] != header_.record_bytes || position[0] < 0 || position[1] < 0 ||
-        static_cast<uint64_t>(position[1]) > header_.num_records) {
-      return Status::Corruption("the saved input position does not fit " + options_.path);
+    const uint64_t n = header_.num_records;
+    // The producer's index is always inside the file (it wraps to 0 at the end of an epoch).
+    const bool index_fits = position[1] >= 0 && (static_cast<uint64_t>(position[1]) < n ||
+                                                 (n == 0 && position[1] == 0));
+    if (position[3] != header_.record_bytes || position[0] < 0 || !index_fits || position[2] < 0) {
+      return Status::Corruption("the saved input position (epoch " + std::to_string(position[0]) +
+                                ", index " + std::to_string(position[1]) + ", emitted " +
+                                std::to_string(position[2]) + ", record_bytes " +
+                                std::to_string(position[3]) + ") does not fit " + options_.path +
+                                " (" + std::to_string(n) + " records of " +
+                                std::to_string(header_.record_bytes) + " bytes)");
     }
-    ASSIGN_OR_RETURN(const IteratorState::Entry* rng, state.get("rng"));
-    ASSIGN_OR_RETURN(const IteratorState::Entry* shuffle, state.get("shuffle_buffer"));
-    ASSIGN_OR_RETURN(const IteratorState::Entry* prefetch, state.get("prefetch_buffer"));
     const size_t rb = header_.record_bytes;
-    if (rng->bytes.size() != sizeof(rng_.s) || shuffle->bytes.size() % rb != 0 ||
-        shuffle->bytes.size() / rb > options_.shuffle_buffer || prefetch->bytes.size() % rb != 0) {
-      return Status::Corruption("the saved input buffers do not fit this iterator's options");
+    if (rng->bytes.size() != sizeof(rng_.s)) {
+      return Status::Corruption("the saved input entry 'rng' has " +
+                                std::to_string(rng->bytes.size()) + " bytes, not " +
+                                std::to_string(sizeof(rng_.s)));
+    }
+    for (const IteratorState::Entry* buffer : {shuffle, prefetch}) {
+      if (buffer->bytes.size() % rb != 0) {
+        return Status::Corruption("the saved input entry '" + buffer->name + "' has " +
+                                  std::to_string(buffer->bytes.size()) +
+                                  " bytes, not whole records of " + std::to_string(rb) +
+                                  " bytes (" + options_.path + ")");
+      }
+    }
+    if (shuffle->bytes.size() / rb > std::max<size_t>(1, options_.shuffle_buffer)) {
+      return Status::Corruption("the saved input entry 'shuffle_buffer' holds " +
+                                std::to_string(shuffle->bytes.size() / rb) +
+                                " records, more than this iterator's shuffle_buffer of " +
+                                std::to_string(options_.shuffle_buffer));
     }
     StopProducer();
     std::memcpy(rng_.s, rng->bytes.data(), sizeof(rng_.s));
@@ -180,6 +244,16 @@ class RecordDatasetIterator::Impl {
   int64_t emitted() const { return emitted_; }
 
  private:
+  // A missing entry means the state is not this iterator's: Corruption naming it.
+  static Result<const IteratorState::Entry*> Find(const IteratorState& state,
+                                                  const std::string& name) {
+    auto entry = state.get(name);
+    if (!entry.ok()) {
+      return Status::Corruption("the saved input state has no entry '" + name + "'");
+    }
+    return *entry;
+  }
+
   // Tops the shuffle buffer up from the prefetch queue.
   Status Fill() {
     const size_t rb = header_.record_bytes;
