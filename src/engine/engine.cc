@@ -2,10 +2,12 @@
 
 #include <oneapi/tbb/enumerable_thread_specific.h>
 #include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
@@ -147,6 +149,15 @@ void Guarded(SaveJob& save, const char* stage, Body&& body) {
   }
 }
 
+// Workers an arena may ask for: oneTBB lends at most max_allowed_parallelism - 1 workers to all
+// arenas together and prints a warning on stderr when one asks for more, which a default
+// background_threads (every core) always did.
+int ArenaWorkers(unsigned threads) {
+  const size_t limit =
+      tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism);
+  return static_cast<int>(std::clamp<size_t>(limit > 1 ? limit - 1 : 1, 1, threads));
+}
+
 }  // namespace
 
 class Engine::Impl {
@@ -161,9 +172,9 @@ class Engine::Impl {
         on_done_(std::move(on_done)),
         threads_(threads),
         // No slot is reserved for an outside thread: the graph must run with only workers.
-        arena_(static_cast<int>(threads), 0),
-        // The training thread joins the copies, beside `threads` workers.
-        copy_arena_(static_cast<int>(threads) + 1, 1, tbb::task_arena::priority::high),
+        arena_(ArenaWorkers(threads), 0),
+        // The training thread joins the copies, beside the workers.
+        copy_arena_(ArenaWorkers(threads) + 1, 1, tbb::task_arena::priority::high),
         pool_(std::move(staging_device), budget) {}
 
   ~Impl() {

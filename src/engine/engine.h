@@ -59,7 +59,8 @@ enum class SubmitOutcome { kSubmitted, kSkipped };
 /// the graph's commit node, one save at a time, in submission order.
 class Engine {
  public:
-  /// Called once per submitted save with its final stats (status OK when committed).
+  /// Called once per submitted save with its final stats (status OK when committed). Should not
+  /// throw: an exception from it is logged and dropped, so that later saves still run.
   using DoneFn = std::function<void(const SaveStats&)>;
 
   /// `fs`, `manager` and `registry` are borrowed and must outlive the engine.

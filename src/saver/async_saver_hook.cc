@@ -120,11 +120,17 @@ class AsyncCheckpointSaverHook::Impl {
  private:
   // From the engine's commit node, one save at a time, in step order.
   void OnDone(const SaveStats& stats) {
-    const bool stop = NotifyAfterSave(listeners_, stats.step, stats);
-    std::lock_guard lock(mu_);
-    AddToTotals(stats, &totals_);
-    if (stop) stop_requested_by_listener_ = true;
-    if (!stats.status.ok()) unreported_failures_.push_back(stats.status);
+    // Recorded before the listeners hear of the save, so that whoever learns of it from a
+    // listener finds it in totals() and, if it failed, the loop's next after_run sees it.
+    {
+      std::lock_guard lock(mu_);
+      AddToTotals(stats, &totals_);
+      if (!stats.status.ok()) unreported_failures_.push_back(stats.status);
+    }
+    if (NotifyAfterSave(listeners_, stats.step, stats)) {
+      std::lock_guard lock(mu_);
+      stop_requested_by_listener_ = true;
+    }
   }
 
   SaverOptions options_;

@@ -1,0 +1,686 @@
+#include "src/engine/engine.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "asyncckpt/reader.h"
+#include "asyncckpt/state.h"
+#include "io/file_system.h"
+#include "src/staging/staging_pool.h"
+
+namespace asyncckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint64_t kPage = StagingPool::kPageBytes;
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;  // their allocators and shadow memory make RSS meaningless
+#else
+constexpr bool kSanitized = false;
+#endif
+
+// Resident set size of this process in bytes, from /proc/self/statm.
+uint64_t ResidentBytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t total_pages = 0;
+  uint64_t resident_pages = 0;
+  statm >> total_pages >> resident_pages;
+  return resident_pages * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+// Holds every data-file write until the test opens the gate, so a test can keep staging busy
+// (leases are returned only after their chunk is written) for as long as it needs.
+class GatedFileSystem final : public io::FileSystemWrapper {
+ public:
+  using FileSystemWrapper::FileSystemWrapper;
+  io::IoStatus write_batch(std::span<const io::WriteOp> ops) override {
+    {
+      std::unique_lock lock(mu_);
+      ++waiting_;
+      changed_.notify_all();
+      changed_.wait(lock, [&] { return open_; });
+      --waiting_;
+    }
+    return target()->write_batch(ops);
+  }
+  void Open() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    changed_.notify_all();
+  }
+  // Blocks until at least n writes are held at the gate.
+  void WaitForWaiting(int n) {
+    std::unique_lock lock(mu_);
+    changed_.wait(lock, [&] { return waiting_ >= n; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool open_ = false;
+  int waiting_ = 0;
+};
+
+// Throws from write_batch while armed: an exception inside the graph's write node.
+class ThrowingFileSystem final : public io::FileSystemWrapper {
+ public:
+  using FileSystemWrapper::FileSystemWrapper;
+  io::IoStatus write_batch(std::span<const io::WriteOp> ops) override {
+    if (armed) throw std::runtime_error("disk controller on fire");
+    return target()->write_batch(ops);
+  }
+  io::IoStatus sync_dir(const std::string& path) override {
+    if (armed_sync_dir) throw std::runtime_error("sync_dir exploded");
+    return target()->sync_dir(path);
+  }
+  std::atomic<bool> armed{false};
+  std::atomic<bool> armed_sync_dir{false};
+};
+
+// Skips fsync of files and directories: for tests that measure memory over hundreds of saves,
+// where durability is not what is under test and fsync would dominate the run time.
+class NoSyncFileSystem final : public io::FileSystemWrapper {
+ public:
+  using FileSystemWrapper::FileSystemWrapper;
+  io::IoStatus open(const std::string& path, const io::OpenOptions& options,
+                    std::unique_ptr<io::File>* file) override {
+    std::unique_ptr<io::File> inner;
+    io::IoStatus status = target()->open(path, options, &inner);
+    if (status.ok()) *file = std::make_unique<NoSyncFile>(std::move(inner));
+    return status;
+  }
+  io::IoStatus sync_dir(const std::string&) override { return io::IoStatus::Ok(); }
+
+ private:
+  class NoSyncFile final : public io::File {
+   public:
+    explicit NoSyncFile(std::unique_ptr<io::File> inner) : inner_(std::move(inner)) {}
+    const std::string& path() const override { return inner_->path(); }
+    bool is_direct() const override { return inner_->is_direct(); }
+    io::IoStatus write_at(uint64_t offset, const void* data, size_t n) override {
+      return inner_->write_at(offset, data, n);
+    }
+    io::IoStatus read_at(uint64_t offset, void* data, size_t n) override {
+      return inner_->read_at(offset, data, n);
+    }
+    io::IoStatus sync() override { return io::IoStatus::Ok(); }
+    io::IoStatus size(uint64_t* bytes) override { return inner_->size(bytes); }
+    io::IoStatus truncate(uint64_t bytes) override { return inner_->truncate(bytes); }
+    int fd() const override { return inner_->fd(); }
+
+   private:
+    std::unique_ptr<io::File> inner_;
+  };
+};
+
+// Host memory, but copies can be made to throw, to fail, or to hand back a failing fence.
+class FlakyDevice final : public Device {
+ public:
+  enum class Mode { kOk, kThrow, kFail, kFenceFails };
+  DeviceKind kind() const override { return DeviceKind::kHost; }
+  std::string name() const override { return "flaky"; }
+  Result<PinnedBuffer> allocate_pinned(size_t bytes) override {
+    return HostDevice()->allocate_pinned(bytes);
+  }
+  Result<std::unique_ptr<CopyFence>> copy_to_host_async(const void* src, void* dst,
+                                                        size_t bytes) override {
+    switch (mode.load()) {
+      case Mode::kThrow:
+        throw std::runtime_error("copy engine hung");
+      case Mode::kFail:
+        return Status::IOError("copy failed: ECC error");
+      case Mode::kFenceFails:
+        return std::unique_ptr<CopyFence>(std::make_unique<FailingFence>());
+      case Mode::kOk:
+        break;
+    }
+    return HostDevice()->copy_to_host_async(src, dst, bytes);
+  }
+  Status copy_from_host(const void* src, void* dst, size_t bytes) override {
+    return HostDevice()->copy_from_host(src, dst, bytes);
+  }
+  std::atomic<Mode> mode{Mode::kOk};
+
+ private:
+  class FailingFence final : public CopyFence {
+   public:
+    Status wait() override { return Status::IOError("stream reported an illegal address"); }
+    bool ready() override { return true; }
+  };
+};
+
+class EngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/engine_test-XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    posix_ = io::NewPosixFileSystem();
+    weights_.resize(1200);
+    counts_.resize(37);
+    flags_.resize(5);
+  }
+  void TearDown() override {
+    if (gate_) gate_->Open();
+    engine_.reset();
+    fs::remove_all(dir_);
+  }
+
+  void AddTensors(std::shared_ptr<Device> device = nullptr) {
+    ASSERT_TRUE(registry_
+                    .add({"layer/weights",
+                          DType::kF32,
+                          {12, 100},
+                          weights_.data(),
+                          weights_.size() * sizeof(float),
+                          device})
+                    .ok());
+    ASSERT_TRUE(registry_
+                    .add({"layer/counts",
+                          DType::kI64,
+                          {37},
+                          counts_.data(),
+                          counts_.size() * sizeof(int64_t),
+                          device})
+                    .ok());
+    ASSERT_TRUE(
+        registry_.add({"layer/flags", DType::kU8, {5}, flags_.data(), flags_.size(), device}).ok());
+  }
+
+  // The state at `step`: every element changes every step.
+  static float Weight(int64_t step, size_t i) { return float(step * 7919 + int64_t(i)) * 0.5f; }
+  static int64_t Count(int64_t step, size_t i) { return step * 1000003 + int64_t(i); }
+  static uint8_t Flag(int64_t step, size_t i) { return uint8_t(step * 31 + int64_t(i)); }
+  void SetState(int64_t step) {
+    for (size_t i = 0; i < weights_.size(); ++i) weights_[i] = Weight(step, i);
+    for (size_t i = 0; i < counts_.size(); ++i) counts_[i] = Count(step, i);
+    for (size_t i = 0; i < flags_.size(); ++i) flags_[i] = Flag(step, i);
+  }
+
+  // Reads a committed checkpoint back and checks it holds exactly the state at `step`.
+  void ExpectHoldsStep(const std::string& path, int64_t step) {
+    SCOPED_TRACE(path);
+    auto reader = CheckpointReader::Open(path, ReaderOptions{.force_posix = true});
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    EXPECT_EQ((*reader)->metadata().step, step);
+    std::vector<float> weights(weights_.size());
+    std::vector<int64_t> counts(counts_.size());
+    std::vector<uint8_t> flags(flags_.size());
+    ASSERT_TRUE((*reader)->read("layer/weights", weights.data(), weights.size() * 4).ok());
+    ASSERT_TRUE((*reader)->read("layer/counts", counts.data(), counts.size() * 8).ok());
+    ASSERT_TRUE((*reader)->read("layer/flags", flags.data(), flags.size()).ok());
+    for (size_t i = 0; i < weights.size(); ++i) {
+      const float want = Weight(step, i);
+      ASSERT_EQ(std::memcmp(&weights[i], &want, sizeof(float)), 0) << "weights[" << i << "]";
+    }
+    for (size_t i = 0; i < counts.size(); ++i) ASSERT_EQ(counts[i], Count(step, i));
+    for (size_t i = 0; i < flags.size(); ++i) ASSERT_EQ(flags[i], Flag(step, i));
+    EXPECT_TRUE((*reader)->verify().problems.empty());
+  }
+
+  EngineOptions Options() {
+    EngineOptions options;
+    options.checkpoint_dir = dir_;
+    options.chunk_bytes = 64;
+    options.num_data_files = 2;
+    options.staging_bytes = 3 * kPage;  // three chunks at once: every save streams
+    options.background_threads = 2;
+    return options;
+  }
+
+  // Builds the engine over `fs` (the plain POSIX one when null); on_done records every save.
+  Status MakeEngine(const EngineOptions& options, io::FileSystem* fs = nullptr,
+                    int max_to_keep = 0) {
+    if (fs == nullptr) fs = posix_.get();
+    manager_ = std::make_unique<CheckpointManager>(fs, dir_, options.basename, max_to_keep, 0,
+                                                   SystemClockSeconds);
+    auto engine = Engine::Create(options, fs, manager_.get(), &registry_,
+                                 [this](const SaveStats& stats) { OnDone(stats); });
+    if (!engine.ok()) return engine.status();
+    engine_ = std::move(engine).value();
+    return Status::OK();
+  }
+
+  void OnDone(const SaveStats& stats) {
+    // The state file is rewritten before on_done: it must already name this save.
+    std::string latest_when_done;
+    if (stats.status.ok()) {
+      auto latest = LatestCheckpoint(dir_);
+      latest_when_done = latest.ok() ? *latest : latest.status().ToString();
+    }
+    std::lock_guard lock(mu_);
+    done_.push_back(stats);
+    latest_when_done_.push_back(latest_when_done);
+  }
+
+  Result<SubmitOutcome> Submit(int64_t step, bool skip_if_busy = false) {
+    double blocked = -1;
+    auto outcome = engine_->Submit(CheckpointMetadata{step, 1.7e9 + double(step), {}}, skip_if_busy,
+                                   nullptr, &blocked);
+    EXPECT_GE(blocked, 0);
+    return outcome;
+  }
+
+  std::vector<SaveStats> Done() {
+    std::lock_guard lock(mu_);
+    return done_;
+  }
+
+  std::vector<std::string> Entries() {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir_)) {
+      names.push_back(entry.path().filename());
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  size_t ChunksPerSave() const {
+    return (weights_.size() * 4 + 63) / 64 + (counts_.size() * 8 + 63) / 64 + 1;
+  }
+
+  std::string dir_;
+  std::unique_ptr<io::FileSystem> posix_;
+  std::unique_ptr<GatedFileSystem> gate_;
+  std::vector<float> weights_;
+  std::vector<int64_t> counts_;
+  std::vector<uint8_t> flags_;
+  TensorRegistry registry_;
+  std::unique_ptr<CheckpointManager> manager_;
+  std::unique_ptr<Engine> engine_;
+  std::mutex mu_;
+  std::vector<SaveStats> done_;
+  std::vector<std::string> latest_when_done_;
+};
+
+TEST_F(EngineTest, ManyStreamingSavesCommitInStepOrderAndHoldTheirState) {
+  AddTensors();
+  ASSERT_TRUE(MakeEngine(Options()).ok());
+  constexpr int64_t kSaves = 60;
+  for (int64_t step = 0; step < kSaves; ++step) {
+    SetState(step);
+    auto outcome = Submit(step);
+    ASSERT_TRUE(outcome.ok()) << outcome.status().ToString();
+    EXPECT_EQ(*outcome, SubmitOutcome::kSubmitted);
+  }
+  engine_->WaitAll();
+  EXPECT_EQ(engine_->in_flight(), 0);
+  auto done = Done();
+  ASSERT_EQ(done.size(), size_t(kSaves));
+  for (int64_t step = 0; step < kSaves; ++step) {
+    const SaveStats& stats = done[size_t(step)];
+    ASSERT_TRUE(stats.status.ok()) << stats.status.ToString();
+    EXPECT_EQ(stats.step, step);  // on_done in submission (step) order
+    EXPECT_EQ(stats.path, dir_ + "/model.ckpt-" + std::to_string(step));
+    EXPECT_EQ(latest_when_done_[size_t(step)], stats.path);
+    ExpectHoldsStep(stats.path, step);
+  }
+  auto state = GetCheckpointState(dir_);
+  ASSERT_TRUE(state.ok());
+  EXPECT_EQ(state->model_checkpoint_path, "model.ckpt-" + std::to_string(kSaves - 1));
+  EXPECT_EQ(state->all_model_checkpoint_paths.size(), size_t(kSaves));
+  EXPECT_LE(engine_->staging_high_water(), engine_->staging_budget());
+  EXPECT_EQ(engine_->staging_allocations(), 1u);
+  for (const auto& name : Entries()) {
+    EXPECT_EQ(name.find(".tmp"), std::string::npos) << name;
+  }
+}
+
+TEST_F(EngineTest, SeveralSavesStayInFlightWithinTheBudget) {
+  AddTensors();
+  gate_ = std::make_unique<GatedFileSystem>(posix_.get());
+  EngineOptions options = Options();
+  options.staging_bytes = 3 * ChunksPerSave() * kPage;  // three whole snapshots
+  ASSERT_TRUE(MakeEngine(options, gate_.get()).ok());
+  for (int64_t step = 1; step <= 3; ++step) {
+    SetState(step);
+    auto outcome = Submit(step, /*skip_if_busy=*/true);
+    ASSERT_TRUE(outcome.ok());
+    EXPECT_EQ(*outcome, SubmitOutcome::kSubmitted) << "step " << step;
+  }
+  EXPECT_EQ(engine_->in_flight(), 3);
+  // No room for a fourth while the writes are held.
+  auto fourth = Submit(4, /*skip_if_busy=*/true);
+  ASSERT_TRUE(fourth.ok());
+  EXPECT_EQ(*fourth, SubmitOutcome::kSkipped);
+  EXPECT_EQ(engine_->in_flight(), 3);
+  EXPECT_TRUE(Done().empty());
+  gate_->Open();
+  engine_->WaitAll();
+  EXPECT_EQ(engine_->in_flight(), 0);
+  auto done = Done();
+  ASSERT_EQ(done.size(), 3u);
+  for (int64_t step = 1; step <= 3; ++step) {
+    EXPECT_EQ(done[size_t(step - 1)].step, step);
+    ExpectHoldsStep(dir_ + "/model.ckpt-" + std::to_string(step), step);
+  }
+  EXPECT_EQ(engine_->staging_high_water(), 3 * ChunksPerSave() * kPage);
+}
+
+TEST_F(EngineTest, SkipIfBusySkipsWithoutCopyingAndSucceedsOnceStagingIsFree) {
+  AddTensors();
+  gate_ = std::make_unique<GatedFileSystem>(posix_.get());
+  EngineOptions options = Options();
+  options.staging_bytes = 0;  // one whole snapshot
+  ASSERT_TRUE(MakeEngine(options, gate_.get()).ok());
+  SetState(10);
+  ASSERT_TRUE(Submit(10).ok());
+  gate_->WaitForWaiting(1);
+  int before_copy_calls = 0;
+  double blocked = -1;
+  auto skipped = engine_->Submit(
+      CheckpointMetadata{11, 0, {}}, /*skip_if_busy=*/true, [&] { ++before_copy_calls; }, &blocked);
+  ASSERT_TRUE(skipped.ok());
+  EXPECT_EQ(*skipped, SubmitOutcome::kSkipped);
+  EXPECT_EQ(before_copy_calls, 0);
+  EXPECT_GE(blocked, 0);
+  EXPECT_EQ(engine_->in_flight(), 1);
+  gate_->Open();
+  engine_->WaitAll();
+  SetState(12);
+  auto taken = engine_->Submit(
+      CheckpointMetadata{12, 0, {}}, /*skip_if_busy=*/true, [&] { ++before_copy_calls; }, &blocked);
+  ASSERT_TRUE(taken.ok());
+  EXPECT_EQ(*taken, SubmitOutcome::kSubmitted);
+  EXPECT_EQ(before_copy_calls, 1);
+  engine_->WaitAll();
+  auto done = Done();
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_EQ(done[0].step, 10);
+  EXPECT_EQ(done[1].step, 12);
+  ExpectHoldsStep(dir_ + "/model.ckpt-10", 10);
+  ExpectHoldsStep(dir_ + "/model.ckpt-12", 12);
+  EXPECT_FALSE(fs::exists(dir_ + "/model.ckpt-11"));
+}
+
+TEST_F(EngineTest, StreamingSaveIsNotBusyWhenStagingIsIdle) {
+  AddTensors();
+  ASSERT_TRUE(MakeEngine(Options()).ok());  // the snapshot is larger than the budget
+  for (int64_t step = 0; step < 3; ++step) {
+    SetState(step);
+    auto outcome = Submit(step, /*skip_if_busy=*/true);
+    ASSERT_TRUE(outcome.ok());
+    // Staging is idle: the save streams through the budget instead of being skipped forever.
+    EXPECT_EQ(*outcome, SubmitOutcome::kSubmitted) << "step " << step;
+    engine_->WaitAll();
+  }
+  ASSERT_EQ(Done().size(), 3u);
+  ExpectHoldsStep(dir_ + "/model.ckpt-2", 2);
+}
+
+TEST_F(EngineTest, OneBackgroundThreadStillFinishesStreamingSaves) {
+  AddTensors();
+  EngineOptions options = Options();
+  options.background_threads = 1;
+  options.staging_bytes = kPage;  // one chunk at a time
+  ASSERT_TRUE(MakeEngine(options).ok());
+  for (int64_t step = 0; step < 5; ++step) {
+    SetState(step);
+    ASSERT_TRUE(Submit(step).ok());
+  }
+  engine_->WaitAll();
+  auto done = Done();
+  ASSERT_EQ(done.size(), 5u);
+  for (int64_t step = 0; step < 5; ++step) {
+    ASSERT_TRUE(done[size_t(step)].status.ok()) << done[size_t(step)].status.ToString();
+    ExpectHoldsStep(done[size_t(step)].path, step);
+  }
+}
+
+TEST_F(EngineTest, CreateRejectsABudgetSmallerThanOneChunk) {
+  AddTensors();
+  EngineOptions options = Options();
+  options.chunk_bytes = 1 << 20;  // the weights are one chunk of two pages
+  options.staging_bytes = kPage;
+  Status status = MakeEngine(options);
+  ASSERT_FALSE(status.ok());
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("staging_bytes"), std::string::npos) << status.ToString();
+  auto no_fs = Engine::Create(Options(), nullptr, nullptr, &registry_, nullptr);
+  EXPECT_EQ(no_fs.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(EngineTest, ZeroBudgetMeansOneWholeSnapshot) {
+  AddTensors();
+  EngineOptions options = Options();
+  options.staging_bytes = 0;
+  ASSERT_TRUE(MakeEngine(options).ok());
+  EXPECT_EQ(engine_->staging_budget(), ChunksPerSave() * kPage);
+  SetState(3);
+  ASSERT_TRUE(Submit(3).ok());
+  engine_->WaitAll();
+  ExpectHoldsStep(dir_ + "/model.ckpt-3", 3);
+}
+
+TEST_F(EngineTest, EmptyRegistryCommitsAnEmptyCheckpoint) {
+  ASSERT_TRUE(MakeEngine(Options()).ok());
+  ASSERT_TRUE(Submit(5).ok());
+  engine_->WaitAll();
+  auto done = Done();
+  ASSERT_EQ(done.size(), 1u);
+  ASSERT_TRUE(done[0].status.ok()) << done[0].status.ToString();
+  auto reader = CheckpointReader::Open(dir_ + "/model.ckpt-5");
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  EXPECT_TRUE((*reader)->tensors().empty());
+  EXPECT_EQ((*reader)->metadata().step, 5);
+}
+
+TEST_F(EngineTest, ExceptionFromADeviceCopyFailsThatSaveOnly) {
+  auto device = std::make_shared<FlakyDevice>();
+  AddTensors(device);
+  ASSERT_TRUE(MakeEngine(Options()).ok());
+  SetState(1);
+  ASSERT_TRUE(Submit(1).ok());
+  device->mode = FlakyDevice::Mode::kThrow;
+  SetState(2);
+  ASSERT_TRUE(Submit(2).ok());
+  device->mode = FlakyDevice::Mode::kFail;
+  SetState(3);
+  ASSERT_TRUE(Submit(3).ok());
+  device->mode = FlakyDevice::Mode::kOk;
+  SetState(4);
+  ASSERT_TRUE(Submit(4).ok());
+  engine_->WaitAll();
+  auto done = Done();
+  ASSERT_EQ(done.size(), 4u);
+  EXPECT_TRUE(done[0].status.ok());
+  EXPECT_EQ(done[1].status.code(), StatusCode::kInternal);
+  EXPECT_NE(done[1].status.message().find("copy engine hung"), std::string::npos)
+      << done[1].status.ToString();
+  EXPECT_TRUE(done[1].path.empty());
+  EXPECT_EQ(done[2].status.code(), StatusCode::kIOError);
+  EXPECT_NE(done[2].status.message().find("ECC error"), std::string::npos);
+  EXPECT_NE(done[2].status.message().find("model.ckpt-3"), std::string::npos);
+  EXPECT_TRUE(done[3].status.ok());
+  ExpectHoldsStep(dir_ + "/model.ckpt-1", 1);
+  ExpectHoldsStep(dir_ + "/model.ckpt-4", 4);
+  EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "model.ckpt-1", "model.ckpt-4"}));
+}
+
+TEST_F(EngineTest, FailingFenceInStreamOrderedModeFailsTheSave) {
+  auto device = std::make_shared<FlakyDevice>();
+  AddTensors(device);
+  EngineOptions options = Options();
+  options.stream_ordered = true;
+  ASSERT_TRUE(MakeEngine(options).ok());
+  device->mode = FlakyDevice::Mode::kFenceFails;
+  SetState(1);
+  ASSERT_TRUE(Submit(1).ok());
+  engine_->WaitAll();  // the host device's copy is done, but its fence is only checked later
+  device->mode = FlakyDevice::Mode::kOk;
+  SetState(2);
+  ASSERT_TRUE(Submit(2).ok());
+  engine_->WaitAll();
+  auto done = Done();
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_NE(done[0].status.message().find("illegal address"), std::string::npos)
+      << done[0].status.ToString();
+  EXPECT_TRUE(done[1].status.ok()) << done[1].status.ToString();
+  ExpectHoldsStep(dir_ + "/model.ckpt-2", 2);
+  EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "model.ckpt-2"}));
+}
+
+TEST_F(EngineTest, ExceptionFromTheFileSystemFailsThatSaveAndCleansUp) {
+  AddTensors();
+  ThrowingFileSystem throwing(posix_.get());
+  ASSERT_TRUE(MakeEngine(Options(), &throwing).ok());
+  SetState(1);
+  ASSERT_TRUE(Submit(1).ok());
+  engine_->WaitAll();
+  throwing.armed = true;
+  SetState(2);
+  ASSERT_TRUE(Submit(2).ok());
+  engine_->WaitAll();
+  throwing.armed = false;
+  throwing.armed_sync_dir = true;  // throws inside the commit itself
+  SetState(3);
+  ASSERT_TRUE(Submit(3).ok());
+  engine_->WaitAll();
+  throwing.armed_sync_dir = false;
+  SetState(4);
+  ASSERT_TRUE(Submit(4).ok());
+  engine_->WaitAll();
+  auto done = Done();
+  ASSERT_EQ(done.size(), 4u);
+  EXPECT_TRUE(done[0].status.ok());
+  EXPECT_NE(done[1].status.message().find("disk controller on fire"), std::string::npos)
+      << done[1].status.ToString();
+  EXPECT_NE(done[2].status.message().find("sync_dir exploded"), std::string::npos)
+      << done[2].status.ToString();
+  EXPECT_TRUE(done[3].status.ok());
+  EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "model.ckpt-1", "model.ckpt-4"}));
+  ExpectHoldsStep(dir_ + "/model.ckpt-1", 1);
+  ExpectHoldsStep(dir_ + "/model.ckpt-4", 4);
+  EXPECT_EQ(manager_->retained(), (std::vector<std::string>{"model.ckpt-1", "model.ckpt-4"}));
+}
+
+TEST_F(EngineTest, StatsReportCodecsLevelAndSizes) {
+  AddTensors();
+  EngineOptions options = Options();
+  options.compression.kind = CompressionKind::kShuffleZstd;
+  options.compression.level = 5;
+  ASSERT_TRUE(MakeEngine(options).ok());
+  // Zeros compress; the step-dependent state below mostly does not at 64-byte chunks.
+  std::fill(weights_.begin(), weights_.end(), 0.0f);
+  std::fill(counts_.begin(), counts_.end(), 0);
+  std::fill(flags_.begin(), flags_.end(), 0);
+  ASSERT_TRUE(Submit(1).ok());
+  engine_->WaitAll();
+  auto done = Done();
+  ASSERT_EQ(done.size(), 1u);
+  const SaveStats& stats = done[0];
+  ASSERT_TRUE(stats.status.ok()) << stats.status.ToString();
+  EXPECT_EQ(stats.bytes_raw, weights_.size() * 4 + counts_.size() * 8 + flags_.size());
+  EXPECT_LT(stats.bytes_stored, stats.bytes_raw);
+  uint64_t chunks = 0;
+  for (const auto& [codec, count] : stats.chunks_by_codec) chunks += count;
+  EXPECT_EQ(chunks, ChunksPerSave());
+  EXPECT_GT(stats.chunks_by_codec.count("shuffle+zstd"), 0u);
+  // Three chunks in flight at most never back the encoders up: the level stays as asked.
+  EXPECT_EQ(stats.final_level, 5);
+  EXPECT_GE(stats.seconds_to_durable, stats.blocked_seconds);
+  auto reader = CheckpointReader::Open(stats.path);
+  ASSERT_TRUE(reader.ok());
+  uint64_t stored = 0;
+  for (const auto& info : (*reader)->tensors()) stored += info.stored_bytes;
+  EXPECT_EQ(stored, stats.bytes_stored);
+}
+
+TEST_F(EngineTest, UncompressedSavesReportRawChunks) {
+  AddTensors();
+  EngineOptions options = Options();
+  options.compression.kind = CompressionKind::kNone;
+  ASSERT_TRUE(MakeEngine(options).ok());
+  SetState(9);
+  ASSERT_TRUE(Submit(9).ok());
+  engine_->WaitAll();
+  auto done = Done();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].chunks_by_codec,
+            (std::map<std::string, uint64_t>{{"raw", uint64_t(ChunksPerSave())}}));
+  EXPECT_EQ(done[0].bytes_stored, done[0].bytes_raw);
+  ExpectHoldsStep(done[0].path, 9);
+}
+
+TEST_F(EngineTest, DestructorWaitsForSavesInFlight) {
+  AddTensors();
+  ASSERT_TRUE(MakeEngine(Options()).ok());
+  for (int64_t step = 0; step < 10; ++step) {
+    SetState(step);
+    ASSERT_TRUE(Submit(step).ok());
+  }
+  engine_.reset();
+  EXPECT_EQ(Done().size(), 10u);
+  ExpectHoldsStep(dir_ + "/model.ckpt-9", 9);
+  auto latest = LatestCheckpoint(dir_);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(*latest, dir_ + "/model.ckpt-9");
+}
+
+TEST_F(EngineTest, ResidentMemoryAndStagingStayFlatOverHundredsOfSaves) {
+  std::vector<float> state(256 * 1024);  // 1 MiB
+  ASSERT_TRUE(registry_
+                  .add({"big/state",
+                        DType::kF32,
+                        {256, 1024},
+                        state.data(),
+                        state.size() * sizeof(float),
+                        nullptr})
+                  .ok());
+  EngineOptions options = Options();
+  options.chunk_bytes = 64 << 10;
+  options.staging_bytes = 0;  // one snapshot
+  NoSyncFileSystem no_sync(posix_.get());
+  ASSERT_TRUE(MakeEngine(options, &no_sync, /*max_to_keep=*/2).ok());
+  auto save = [&](int64_t step) {
+    // Values that change every step and compress to almost nothing: the encode buffers (sized
+    // by the raw chunk) are used, while little is written.
+    for (size_t i = 0; i < state.size(); ++i) state[i] = float(step) + float(i % 64 == 0);
+    ASSERT_TRUE(Submit(step).ok());
+  };
+  // Sanitized builds skip the RSS check, and run fewer saves to stay fast.
+  constexpr int64_t kSaves = kSanitized ? 60 : 300;
+  uint64_t rss_at_20 = 0;
+  for (int64_t step = 1; step <= kSaves; ++step) {
+    save(step);
+    if (step == 20) {
+      engine_->WaitAll();
+      rss_at_20 = ResidentBytes();
+    }
+  }
+  engine_->WaitAll();
+  const uint64_t rss_at_end = ResidentBytes();
+  auto done = Done();
+  ASSERT_EQ(done.size(), size_t(kSaves));
+  for (const auto& stats : done) ASSERT_TRUE(stats.status.ok()) << stats.status.ToString();
+  EXPECT_EQ(engine_->staging_allocations(), 1u);
+  EXPECT_LE(engine_->staging_high_water(), engine_->staging_budget());
+  if (!kSanitized) {
+    EXPECT_LT(rss_at_end, rss_at_20 + (8ull << 20))
+        << "RSS grew from " << rss_at_20 << " to " << rss_at_end << " bytes";
+  }
+  EXPECT_EQ(Entries(),
+            (std::vector<std::string>{"checkpoint", "model.ckpt-" + std::to_string(kSaves - 1),
+                                      "model.ckpt-" + std::to_string(kSaves)}));
+  auto reader = CheckpointReader::Open(dir_ + "/model.ckpt-" + std::to_string(kSaves));
+  ASSERT_TRUE(reader.ok());
+  std::vector<float> restored(state.size());
+  ASSERT_TRUE((*reader)->read("big/state", restored.data(), restored.size() * 4).ok());
+  EXPECT_EQ(std::memcmp(restored.data(), state.data(), state.size() * 4), 0);
+}
+
+}  // namespace
+}  // namespace asyncckpt
