@@ -95,6 +95,8 @@ struct SaveStats {
   std::map<std::string, uint64_t> chunks_by_codec;
   /// zstd level used at the end of the save (the async engine may lower it under load).
   int final_level = 0;
+  /// True when the engine stored the rest of the save raw because encoding was the bottleneck.
+  bool switched_to_raw = false;
   /// Time the training thread was blocked by this save.
   double blocked_seconds = 0;
   /// From the start of the save until it was durable and committed.

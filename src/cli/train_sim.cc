@@ -544,6 +544,7 @@ Status WriteMetricsJson(const TrainSimConfig& config, const RunSummary& s, uint6
     json.field("bytes_raw", save.bytes_raw);
     json.field("bytes_stored", save.bytes_stored);
     json.field("final_level", static_cast<int64_t>(save.final_level));
+    json.field("switched_to_raw", save.switched_to_raw);
     json.key("chunks_by_codec").begin_object();
     for (const auto& [k, v] : save.chunks_by_codec) json.field(k, v);
     json.end_object();

@@ -297,7 +297,9 @@ SavePtr Engine::Impl::NewSave(const CheckpointMetadata& metadata) {
   save->tmp_path = options_.checkpoint_dir + "/" + save->tmp_name;
   save->level = options_.compression.level;
   for (const TensorRef& ref : registry_->tensors()) {
-    save->tensors.push_back(format::HostTensor{ref.name, ref.dtype, ref.shape, nullptr, ref.bytes});
+    // The data pointer may be device memory: it is only checked for null, never read here.
+    save->tensors.push_back(
+        format::HostTensor{ref.name, ref.dtype, ref.shape, ref.data, ref.bytes});
   }
   save->jobs = format::PlanChunks(save->tensors, options_.chunk_bytes, options_.num_data_files);
   save->entries.resize(save->jobs.size());
@@ -334,6 +336,10 @@ Result<SubmitOutcome> Engine::Impl::Submit(const CheckpointMetadata& metadata, b
   const auto start = SteadyClock::now();
   SavePtr save = NewSave(metadata);
   save->start = start;
+  // Checked before anything is copied or written: a name or rank the index cannot hold would
+  // otherwise fail only at the commit, after every byte was written.
+  RETURN_IF_ERROR(format::ValidateTensors(save->tensors).WithContext(save->final_name));
+  RETURN_IF_ERROR(format::ValidateMetadata(metadata).WithContext(save->final_name));
   if (skip_if_busy) {
     uint64_t needed = 0;
     for (const auto& job : save->jobs) needed += StagingPool::RoundUp(job.length);
@@ -473,7 +479,6 @@ ChunkPtr Engine::Impl::Encode(ChunkPtr msg) {
     ++save.codec_counts[static_cast<size_t>(msg->encoded.codec)];
   });
   --pending_encode_;
-  ++pending_write_;
   return msg;
 }
 
@@ -495,6 +500,9 @@ Status Engine::Impl::OpenFiles(SaveJob& save) {
 }
 
 ChunkPtr Engine::Impl::Place(ChunkPtr msg) {
+  // Counted from here, not from the end of encode: chunks that wait in the sequencer for an
+  // earlier one are waiting for the encoders, not for the writers.
+  ++pending_write_;
   SaveJob& save = *msg->save;
   Guarded(save, "place", [&] {
     if (!save.failed && !save.files_open) {
@@ -580,7 +588,8 @@ void Engine::Impl::Commit(const SavePtr& save) {
   }
   {
     std::lock_guard lock(save->mu);
-    stats.final_level = save->store_raw ? 0 : save->level;
+    stats.final_level = save->level;
+    stats.switched_to_raw = save->store_raw;
   }
   stats.blocked_seconds = save->blocked_seconds;
   stats.seconds_to_durable = SecondsSince(save->start);
