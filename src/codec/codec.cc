@@ -9,6 +9,8 @@
 #include <string>
 #include <utility>
 
+#include "src/util/byte_buffer.h"
+
 namespace asyncckpt::codec {
 
 // The build's default -O2 keeps GCC's "very cheap" vectoriser model, which refuses the
@@ -65,22 +67,6 @@ void UnshuffleGeneric(const uint8_t* src, size_t count, size_t elem, uint8_t* ds
   }
 }
 
-// A growable buffer that is never zero-filled: every byte is written before it is read.
-class Buffer {
- public:
-  uint8_t* reserve(size_t n) {
-    if (n > capacity_) {
-      data_ = std::make_unique_for_overwrite<uint8_t[]>(n);
-      capacity_ = n;
-    }
-    return data_.get();
-  }
-
- private:
-  std::unique_ptr<uint8_t[]> data_;
-  size_t capacity_ = 0;
-};
-
 struct CCtxDeleter {
   void operator()(ZSTD_CCtx* ctx) const { ZSTD_freeCCtx(ctx); }
 };
@@ -93,8 +79,8 @@ struct DCtxDeleter {
 struct ScratchState {
   std::unique_ptr<ZSTD_CCtx, CCtxDeleter> cctx;
   std::unique_ptr<ZSTD_DCtx, DCtxDeleter> dctx;
-  Buffer shuffled;  // shuffled raw bytes before compression, or decompressed before unshuffle
-  Buffer output;    // compressed bytes when the caller gives no output buffer
+  ByteBuffer shuffled;  // shuffled raw bytes before compression, or decompressed before unshuffle
+  ByteBuffer output;    // compressed bytes when the caller gives no output buffer
 };
 
 struct ScratchAccess {

@@ -194,6 +194,9 @@ class Engine::Impl {
     RETURN_IF_ERROR(pool_.Prepare());
     RegisterStaging();
     arena_.execute([&] { BuildGraph(); });
+    // The copy arena's first use pays for waking and binding its workers; pay it here, not in
+    // the first save's blocked time.
+    copy_arena_.execute([&] { tbb::parallel_for(0u, threads_ + 1, [](unsigned) {}); });
     return Status::OK();
   }
 

@@ -17,6 +17,7 @@
 
 #include "src/util/io_status.h"
 #include "src/util/status_macros.h"
+#include "src/util/tsan_handoff.h"
 
 namespace asyncckpt::format {
 
@@ -28,29 +29,6 @@ constexpr size_t kDirectAlignment = 4096;
 constexpr size_t kDirectBlockBytes = 1 << 20;
 
 std::string Quote(const std::string& name) { return "'" + name + "'"; }
-
-// oneTBB is not built with ThreadSanitizer, so the happens-before edges its task queues and
-// pipeline tokens create are invisible to it. These annotations restate those edges where data
-// passes between threads; they compile to nothing in other builds.
-#if defined(__SANITIZE_THREAD__)
-#define ASYNCCKPT_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define ASYNCCKPT_TSAN 1
-#endif
-#endif
-#if defined(ASYNCCKPT_TSAN)
-extern "C" void __tsan_acquire(void* addr);
-extern "C" void __tsan_release(void* addr);
-// One sync object for the whole file: a task must be able to acquire before it reads anything
-// (even its own captures), and the joins are cheap enough for a test build.
-char handoff_sync;
-void HandoffAcquire() { __tsan_acquire(&handoff_sync); }
-void HandoffRelease() { __tsan_release(&handoff_sync); }
-#else
-void HandoffAcquire() {}
-void HandoffRelease() {}
-#endif
 
 }  // namespace
 

@@ -15,9 +15,11 @@
 #include "io/file_system.h"
 #include "src/codec/codec.h"
 #include "src/format/format.h"
+#include "src/util/byte_buffer.h"
 #include "src/util/io_status.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
+#include "src/util/tsan_handoff.h"
 
 namespace asyncckpt {
 namespace {
@@ -29,22 +31,6 @@ using format::TensorEntry;
 // bounded in memory for the compressed bytes gathered in the task's scratch.
 constexpr size_t kGroupChunks = 8;
 constexpr uint64_t kGroupStoredBytes = 32ull << 20;
-
-// A growable byte buffer that is never zero-filled (every byte is read into before use).
-class ByteBuffer {
- public:
-  uint8_t* Reserve(size_t n) {
-    if (n > capacity_) {
-      data_ = std::make_unique_for_overwrite<uint8_t[]>(n);
-      capacity_ = n;
-    }
-    return data_.get();
-  }
-
- private:
-  std::unique_ptr<uint8_t[]> data_;
-  size_t capacity_ = 0;
-};
 
 // Per-thread working memory for reads.
 struct ThreadScratch {
@@ -86,29 +72,6 @@ std::vector<ChunkGroup> GroupChunks(size_t tensor_index, const TensorEntry& tens
 }
 
 std::string Quote(const std::string& name) { return "'" + name + "'"; }
-
-// oneTBB is not built with ThreadSanitizer, so the happens-before edges of its task queues are
-// invisible to it. These annotations restate them where data passes between threads; they
-// compile to nothing in other builds.
-#if defined(__SANITIZE_THREAD__)
-#define ASYNCCKPT_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define ASYNCCKPT_TSAN 1
-#endif
-#endif
-#if defined(ASYNCCKPT_TSAN)
-extern "C" void __tsan_acquire(void* addr);
-extern "C" void __tsan_release(void* addr);
-// One sync object for the whole file: a task must be able to acquire before it reads anything
-// (even its own captures), and the joins are cheap enough for a test build.
-char handoff_sync;
-void HandoffAcquire() { __tsan_acquire(&handoff_sync); }
-void HandoffRelease() { __tsan_release(&handoff_sync); }
-#else
-void HandoffAcquire() {}
-void HandoffRelease() {}
-#endif
 
 std::string DescribeShape(const std::vector<int64_t>& shape) {
   std::string out = "[";
@@ -363,7 +326,7 @@ class CheckpointReaderImpl final : public CheckpointReader {
     for (size_t i = group.begin; i < group.end; ++i) {
       if (!ReadsInPlace(tensor.chunks[i], dst)) gathered += tensor.chunks[i].stored_bytes;
     }
-    uint8_t* stored = scratch.stored.Reserve(gathered);
+    uint8_t* stored = scratch.stored.reserve(gathered);
     std::vector<io::ReadOp> ops;
     std::vector<uint8_t*> targets;
     uint64_t at = 0;
@@ -390,7 +353,7 @@ class CheckpointReaderImpl final : public CheckpointReader {
       if (!read_ok[k]) continue;
       const size_t i = group.begin + k;
       const ChunkEntry& c = tensor.chunks[i];
-      uint8_t* out = dst != nullptr ? dst + c.tensor_offset : scratch.decoded.Reserve(c.raw_bytes);
+      uint8_t* out = dst != nullptr ? dst + c.tensor_offset : scratch.decoded.reserve(c.raw_bytes);
       if (dst == nullptr && c.codec == codec::Codec::kRaw) out = targets[k];  // checksum in place
       Status status =
           codec::Decode(c.codec, std::span<const uint8_t>(targets[k], c.stored_bytes), elem, c.xxh3,
