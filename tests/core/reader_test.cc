@@ -213,6 +213,20 @@ TEST_F(ReaderTest, ReadsIntoXarrayCheckingTheDType) {
   EXPECT_EQ(reader->read_xarray<float>("nope").status().code(), StatusCode::kNotFound);
 }
 
+// Retention may delete a checkpoint while a reader has it open: the reader holds every file
+// from Open(), so it goes on reading the bytes it opened.
+TEST_F(ReaderTest, OpenReaderKeepsReadingAfterTheCheckpointIsDeleted) {
+  format::HostTensor tensor = Make("a", DType::kF32, {5000});
+  Write({tensor}, 1000, 2);
+  std::unique_ptr<CheckpointReader> reader = OpenOrDie();
+  ASSERT_NE(reader, nullptr);
+  std::filesystem::remove_all(dir_);
+  std::vector<uint8_t> out(tensor.bytes);
+  ASSERT_TRUE(reader->read("a", out.data(), out.size()).ok());
+  EXPECT_EQ(std::memcmp(out.data(), tensor.data, tensor.bytes), 0);
+  EXPECT_TRUE(reader->verify().problems.empty());
+}
+
 TEST_F(ReaderTest, ReadRejectsWrongSizeAndUnknownName) {
   Write({Make("a", DType::kI32, {100})});
   std::unique_ptr<CheckpointReader> reader = OpenOrDie();
