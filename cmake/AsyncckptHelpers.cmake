@@ -20,6 +20,20 @@ macro(asyncckpt_setup_sanitizers)
   if(ASYNCCKPT_TSAN)
     add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
     add_link_options(-fsanitize=thread)
+    # TSan sees only instrumented synchronisation: with Debian's libtbb every flow-graph hand-off
+    # between threads is reported as a race. The tsan preset sets TBB_DIR to the oneTBB that
+    # scripts/test-sanitizers builds with -DTBB_SANITIZE=thread; a TBB_DIR without a TBBConfig
+    # makes find_package fall back to the system libtbb silently, hence this check.
+    find_package(TBB REQUIRED)
+    get_target_property(_asyncckpt_tbb_lib TBB::tbb LOCATION)
+    file(STRINGS "${_asyncckpt_tbb_lib}" _asyncckpt_tbb_tsan REGEX "__tsan_func_entry"
+         LIMIT_COUNT 1)
+    if(NOT _asyncckpt_tbb_tsan)
+      message(WARNING "ASYNCCKPT_TSAN: ${_asyncckpt_tbb_lib} is not built with ThreadSanitizer, "
+                      "so TSan will report false races inside oneTBB. Run "
+                      "`scripts/test-sanitizers tsan`, which builds an instrumented oneTBB into "
+                      "build-tsan-tbb/prefix and uses it.")
+    endif()
   endif()
 endmacro()
 
