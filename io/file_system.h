@@ -24,7 +24,8 @@ class [[nodiscard]] IoStatus {
   /// Success.
   IoStatus() = default;
   /// A failure with an errno value and a full message.
-  IoStatus(int error_number, std::string message) : errno_(error_number), message_(std::move(message)) {}
+  IoStatus(int error_number, std::string message)
+      : errno_(error_number), message_(std::move(message)) {}
   /// Success.
   static IoStatus Ok() { return IoStatus(); }
   /// A failure of `op` on `path`, message built from strerror(error_number).
@@ -65,7 +66,8 @@ class File {
   virtual bool is_direct() const = 0;
   /// Writes all n bytes at offset (short writes are continued; EINTR/EAGAIN retried).
   virtual IoStatus write_at(uint64_t offset, const void* data, size_t n) = 0;
-  /// Reads exactly n bytes at offset; reading past the end is an error (EIO, "unexpected end of file").
+  /// Reads exactly n bytes at offset; reading past the end is an error (EIO, "unexpected end of
+  /// file").
   virtual IoStatus read_at(uint64_t offset, void* data, size_t n) = 0;
   /// Makes written data durable (fdatasync).
   virtual IoStatus sync() = 0;
