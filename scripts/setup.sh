@@ -6,7 +6,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
 PACKAGES=(build-essential cmake ninja-build pkg-config git libtbb-dev liburing-dev libzstd-dev
-          xtensor-dev libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev)
+          xtensor-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev)
 
 install_missing_packages() {
   local missing=()
