@@ -17,7 +17,6 @@
 
 #include "src/util/io_status.h"
 #include "src/util/status_macros.h"
-#include "src/util/tsan_handoff.h"
 
 namespace asyncckpt::format {
 
@@ -293,32 +292,17 @@ class SyncWriter {
     entries_.resize(jobs.size());
     const size_t tokens = 2 * static_cast<size_t>(tbb::this_task_arena::max_concurrency());
     slots_.resize(tokens);
-    // Each filter acquires before it reads anything, even its own captures; the filters are
-    // built before the release so that their construction is covered too.
-    auto next = [this](tbb::flow_control& fc) {
-      HandoffAcquire();
-      InFlight* chunk = Next(fc);
-      HandoffRelease();
-      return chunk;
-    };
+    auto next = [this](tbb::flow_control& fc) { return Next(fc); };
     auto encode = [this](InFlight* chunk) {
-      HandoffAcquire();
       Encode(chunk);
-      HandoffRelease();
       return chunk;
     };
-    auto append = [this](InFlight* chunk) {
-      HandoffAcquire();
-      Append(chunk);
-      HandoffRelease();
-    };
+    auto append = [this](InFlight* chunk) { Append(chunk); };
     const auto filters =
         tbb::make_filter<void, InFlight*>(tbb::filter_mode::serial_in_order, next) &
         tbb::make_filter<InFlight*, InFlight*>(tbb::filter_mode::parallel, encode) &
         tbb::make_filter<InFlight*, void>(tbb::filter_mode::serial_in_order, append);
-    HandoffRelease();
     tbb::parallel_pipeline(tokens, filters);
-    HandoffAcquire();
     return status_;
   }
 
@@ -406,14 +390,8 @@ Result<std::vector<std::unique_ptr<DataFileAppender>>> OpenDataFiles(io::FileSys
 // Syncs the data files in parallel: each fdatasync waits on its own device queue.
 Status FinishDataFiles(std::vector<std::unique_ptr<DataFileAppender>>& files) {
   std::vector<Status> results(files.size());
-  auto finish = [&](size_t i) {
-    HandoffAcquire();
-    results[i] = files[i]->finish();
-    HandoffRelease();
-  };
-  HandoffRelease();
+  auto finish = [&](size_t i) { results[i] = files[i]->finish(); };
   tbb::parallel_for(size_t{0}, files.size(), finish);
-  HandoffAcquire();
   for (Status& status : results) RETURN_IF_ERROR(status);
   return Status::OK();
 }

@@ -19,7 +19,6 @@
 #include "src/util/io_status.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
-#include "src/util/tsan_handoff.h"
 
 namespace asyncckpt {
 namespace {
@@ -296,12 +295,7 @@ class CheckpointReaderImpl final : public CheckpointReader {
   // given, else to scratch (verify). Returns every failed chunk.
   std::vector<ChunkFailure> ProcessGroups(const std::vector<ChunkGroup>& groups, uint8_t* dst) {
     std::vector<std::vector<ChunkFailure>> per_group(groups.size());
-    auto process = [&](size_t g) {
-      HandoffAcquire();
-      ProcessGroup(groups[g], dst, scratch_.local(), &per_group[g]);
-      HandoffRelease();
-    };
-    HandoffRelease();
+    auto process = [&](size_t g) { ProcessGroup(groups[g], dst, scratch_.local(), &per_group[g]); };
     try {
       tbb::parallel_for(size_t{0}, groups.size(), process);
     } catch (const std::exception& e) {
@@ -309,7 +303,6 @@ class CheckpointReaderImpl final : public CheckpointReader {
       per_group.push_back(
           {ChunkFailure{0, 0, Status::Internal("reading " + path_ + ": " + e.what())}});
     }
-    HandoffAcquire();
     std::vector<ChunkFailure> failures;
     for (auto& list : per_group) {
       for (auto& failure : list) failures.push_back(std::move(failure));

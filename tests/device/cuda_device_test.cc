@@ -333,6 +333,9 @@ struct SaverCase {
   bool stream_ordered;
 };
 
+// Names the case in test listings (the default prints the struct's bytes, which change per build).
+void PrintTo(const SaverCase& saver, std::ostream* os) { *os << saver.name; }
+
 class CudaCheckpointTest : public CudaDeviceTest, public ::testing::WithParamInterface<SaverCase> {
  protected:
   static constexpr int kSteps = 5;

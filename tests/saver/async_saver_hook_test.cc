@@ -450,6 +450,9 @@ struct FaultCase {
   io::FaultOp ops;
 };
 
+// Names the case in test listings (the default prints the struct's bytes, which change per build).
+void PrintTo(const FaultCase& fault, std::ostream* os) { *os << fault.name; }
+
 class AsyncSaverHookFaultTest
     : public AsyncSaverHookTest,
       public ::testing::WithParamInterface<std::tuple<FaultCase, OnError>> {};
