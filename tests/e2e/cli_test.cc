@@ -2,27 +2,18 @@
 // checkpoints this test writes in-process, and on bad flags, values and paths. Every error must
 // be one clear line on stderr that names what is wrong, with a non-zero exit.
 
-#include <errno.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "asyncckpt/reader.h"
@@ -31,29 +22,19 @@
 #include "asyncckpt/state.h"
 #include "src/cli/sim_model.h"
 #include "src/format/format.h"
-
-extern char** environ;
+#include "tests/e2e/cli_support.h"
 
 namespace asyncckpt {
 namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
+using testing_support::CliFixture;
+using testing_support::CliRun;
+using testing_support::ReadFile;
 
 // Longest one CLI command may take before the test calls it hung.
 constexpr auto kRunTimeout = std::chrono::seconds(60);
-
-std::string CliPath() {
-  const char* path = std::getenv("ASYNCCKPT_CLI");
-  return path == nullptr ? std::string() : std::string(path);
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // The lines of `text`, without their newlines.
 std::vector<std::string> Lines(const std::string& text) {
@@ -73,60 +54,26 @@ std::ostream& operator<<(std::ostream& os, const CliResult& r) {
   return os << "exit " << r.exit_code << "\n--- stdout:\n" << r.out << "--- stderr:\n" << r.err;
 }
 
-class CliTest : public ::testing::Test {
+class CliTest : public CliFixture {
  protected:
-  void SetUp() override {
-    ASSERT_FALSE(CliPath().empty()) << "set ASYNCCKPT_CLI to the asyncckpt binary (ctest does)";
-    ASSERT_TRUE(fs::exists(CliPath())) << CliPath();
-    std::string pattern = ::testing::TempDir() + "/cli_test.XXXXXX";
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr) << std::strerror(errno);
-    root_ = pattern;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    if (!root_.empty()) fs::remove_all(root_, ec);
-  }
-
-  std::string Path(const std::string& name) const { return root_ + "/" + name; }
+  CliTest() : CliFixture("cli_test.") {}
 
   // Runs the CLI with `args` (stdin empty) and waits for it; a hang is a failure.
   CliResult Run(const std::vector<std::string>& args) {
-    const std::string out_path = Path("cli.out"), err_path = Path("cli.err");
-    std::vector<std::string> all = {CliPath()};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& arg : all) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    pid_t pid = -1;
-    const int spawned = posix_spawn(&pid, all[0].c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
+    const CliRun run = testing_support::RunCli(args, Path("cli.out"), Path("cli.err"), kRunTimeout);
     CliResult result;
-    if (spawned != 0) {
-      ADD_FAILURE() << "cannot run " << all[0] << ": " << std::strerror(spawned);
+    if (!run.started) {
+      ADD_FAILURE() << "cannot run " << testing_support::CliPath() << ": "
+                    << std::strerror(run.spawn_error);
       return result;
     }
-    const auto deadline = std::chrono::steady_clock::now() + kRunTimeout;
-    int status = 0;
-    pid_t reaped;
-    while ((reaped = waitpid(pid, &status, WNOHANG)) == 0 || (reaped < 0 && errno == EINTR)) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &status, 0);
-        ADD_FAILURE() << "asyncckpt " << ::testing::PrintToString(args) << " hung; killed";
-        return result;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (!run.exit_code.has_value()) {
+      ADD_FAILURE() << "asyncckpt " << ::testing::PrintToString(args) << " hung; killed";
+      return result;
     }
-    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    result.out = ReadFile(out_path);
-    result.err = ReadFile(err_path);
+    result.exit_code = *run.exit_code;
+    result.out = run.out;
+    result.err = run.err;
     return result;
   }
 
@@ -175,8 +122,6 @@ class CliTest : public ::testing::Test {
     fs::copy(Path("ckpt/" + name), Path(copy), fs::copy_options::recursive);
     return Path(copy);
   }
-
-  std::string root_;
 };
 
 // ---- flags -------------------------------------------------------------------------------------

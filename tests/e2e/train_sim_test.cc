@@ -3,19 +3,13 @@
 // and checks every checkpoint bit for bit, then resumes (after a clean exit and after SIGKILL)
 // and checks the job ends where a straight run ends.
 
-#include <errno.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cinttypes>
-#include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -24,7 +18,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,8 +26,7 @@
 #include "asyncckpt/reader.h"
 #include "asyncckpt/state.h"
 #include "src/cli/sim_model.h"
-
-extern char** environ;
+#include "tests/e2e/cli_support.h"
 
 namespace asyncckpt {
 namespace {
@@ -44,6 +36,12 @@ using cli::Optimizer;
 using cli::SimConfig;
 using cli::SimModel;
 using Json = nlohmann::json;
+using testing_support::CliFixture;
+using testing_support::CliProcess;
+using testing_support::CliRun;
+using testing_support::Hex;
+using testing_support::ReadFile;
+using testing_support::Temporaries;
 
 // Small enough that a run takes a fraction of a second, with several chunks per tensor.
 constexpr char kModelBytes[] = "2MiB";
@@ -59,117 +57,6 @@ constexpr size_t kPrefetch = 5;
 constexpr uint64_t kSeed = 42;
 // Longest a single CLI run may take before the test calls it hung (sanitizer builds included).
 constexpr auto kRunTimeout = std::chrono::seconds(90);
-
-std::string CliPath() {
-  const char* path = std::getenv("ASYNCCKPT_CLI");
-  return path == nullptr ? std::string() : std::string(path);
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-std::string Hex(uint64_t value) {
-  char buffer[20];
-  std::snprintf(buffer, sizeof(buffer), "%016" PRIx64, value);
-  return buffer;
-}
-
-// A running CLI process whose stdout and stderr go to files. Reaps the child when destroyed
-// (killing it first if it still runs), so a failed assertion leaves no process behind.
-class CliProcess {
- public:
-  CliProcess(const std::vector<std::string>& args, const std::string& out_path,
-             const std::string& err_path)
-      : out_path_(out_path), err_path_(err_path) {
-    std::vector<std::string> all = {CliPath()};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& arg : all) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&actions, 1, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    posix_spawn_file_actions_addopen(&actions, 2, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
-    spawn_error_ = posix_spawn(&pid_, all[0].c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (spawn_error_ != 0) pid_ = -1;
-  }
-  CliProcess(const CliProcess&) = delete;
-  CliProcess& operator=(const CliProcess&) = delete;
-  ~CliProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      Wait();
-    }
-  }
-
-  bool started() const { return pid_ > 0; }
-  int spawn_error() const { return spawn_error_; }
-  void Kill() {
-    if (pid_ > 0) kill(pid_, SIGKILL);
-  }
-  // True when the process has not exited yet.
-  bool Running() {
-    if (pid_ <= 0) return false;
-    int status = 0;
-    const pid_t reaped = waitpid(pid_, &status, WNOHANG);
-    if (reaped == 0 || (reaped < 0 && errno == EINTR)) return true;
-    if (reaped < 0) {
-      pid_ = -1;
-      return false;
-    }
-    Record(status);
-    return false;
-  }
-  // The exit code, or 128 + the signal that ended it.
-  int Wait() {
-    if (pid_ > 0) {
-      int status = 0;
-      pid_t reaped;
-      while ((reaped = waitpid(pid_, &status, 0)) < 0 && errno == EINTR) {
-      }
-      if (reaped < 0) {
-        pid_ = -1;
-        return exit_code_;
-      }
-      Record(status);
-    }
-    return exit_code_;
-  }
-  // Wait(), but kills the process and returns nullopt when it runs past `timeout`.
-  std::optional<int> WaitFor(std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (Running()) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        Kill();
-        Wait();
-        return std::nullopt;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return exit_code_;
-  }
-  std::string out() const { return ReadFile(out_path_); }
-  std::string err() const { return ReadFile(err_path_); }
-
- private:
-  void Record(int status) {
-    pid_ = -1;
-    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
-  std::string out_path_, err_path_;
-  pid_t pid_ = -1;
-  int spawn_error_ = 0;
-  int exit_code_ = -1;
-};
 
 // One finished run: exit code, output, and the --metrics_json document when it parsed.
 struct RunResult {
@@ -283,16 +170,6 @@ uint64_t ExpectListedCheckpointsMatchReplay(const std::string& dir, const SimCon
   return replay.ok() ? replay.model().Digest() : 0;
 }
 
-// Entries of `dir` that are temporaries of an unfinished save or state-file rewrite.
-std::vector<std::string> Temporaries(const std::string& dir) {
-  std::vector<std::string> found;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    const std::string name = entry.path().filename().string();
-    if (name.find(".tmp-") != std::string::npos) found.push_back(name);
-  }
-  return found;
-}
-
 // The highest step the state file of `dir` lists, or -1.
 int64_t LatestListedStep(const std::string& dir) {
   auto state = GetCheckpointState(dir);
@@ -301,24 +178,17 @@ int64_t LatestListedStep(const std::string& dir) {
   return std::strtoll(name.c_str() + name.rfind('-') + 1, nullptr, 10);
 }
 
-class TrainSimTest : public ::testing::Test {
+class TrainSimTest : public CliFixture {
  protected:
+  TrainSimTest() : CliFixture("train_sim_test.") {}
+
   void SetUp() override {
-    ASSERT_FALSE(CliPath().empty()) << "set ASYNCCKPT_CLI to the asyncckpt binary (ctest does)";
-    ASSERT_TRUE(fs::exists(CliPath())) << CliPath();
-    std::string pattern = ::testing::TempDir() + "/train_sim_test.XXXXXX";
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr) << std::strerror(errno);
-    root_ = pattern;
+    CliFixture::SetUp();
+    if (HasFatalFailure()) return;
     dataset_ = root_ + "/dataset.bin";
     Status written = WriteRecordDataset(dataset_, kRecords, kRecordBytes, /*seed=*/7);
     ASSERT_TRUE(written.ok()) << written.ToString();
   }
-  void TearDown() override {
-    std::error_code ec;
-    if (!root_.empty()) fs::remove_all(root_, ec);
-  }
-
-  std::string Path(const std::string& name) const { return root_ + "/" + name; }
 
   // The flags every run shares, then `extra`.
   std::vector<std::string> Args(const std::string& dir, int64_t steps,
@@ -348,15 +218,15 @@ class TrainSimTest : public ::testing::Test {
   RunResult Train(const std::string& dir, int64_t steps,
                   const std::vector<std::string>& extra = {}) {
     const std::string tag = dir + "." + std::to_string(++runs_);
-    CliProcess process(Args(dir, steps, extra), tag + ".out", tag + ".err");
-    EXPECT_TRUE(process.started()) << std::strerror(process.spawn_error());
+    const CliRun run =
+        testing_support::RunCli(Args(dir, steps, extra), tag + ".out", tag + ".err", kRunTimeout);
+    EXPECT_TRUE(run.started) << std::strerror(run.spawn_error);
     RunResult result;
-    const std::optional<int> code = process.WaitFor(kRunTimeout);
-    EXPECT_TRUE(code.has_value()) << "train-sim hung; killed after " << kRunTimeout.count()
-                                  << " s: " << process.err();
-    result.exit_code = code.value_or(-1);
-    result.out = process.out();
-    result.err = process.err();
+    EXPECT_TRUE(run.exit_code.has_value())
+        << "train-sim hung; killed after " << kRunTimeout.count() << " s: " << run.err;
+    result.exit_code = run.exit_code.value_or(-1);
+    result.out = run.out;
+    result.err = run.err;
     if (result.exit_code == 0) {
       const std::string text = ReadFile(dir + ".metrics.json");
       result.metrics = Json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -365,7 +235,6 @@ class TrainSimTest : public ::testing::Test {
     return result;
   }
 
-  std::string root_;
   std::string dataset_;
   int runs_ = 0;
 };
