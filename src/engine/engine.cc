@@ -172,7 +172,9 @@ class Engine::Impl {
         on_done_(std::move(on_done)),
         threads_(threads),
         // No slot is reserved for an outside thread: the graph must run with only workers.
-        arena_(ArenaWorkers(threads), 0),
+        arena_(ArenaWorkers(threads), 0,
+               options.high_priority ? tbb::task_arena::priority::high
+                                     : tbb::task_arena::priority::normal),
         // The training thread joins the copies, beside the workers.
         copy_arena_(ArenaWorkers(threads) + 1, 1, tbb::task_arena::priority::high),
         pool_(std::move(staging_device), budget) {}

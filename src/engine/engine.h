@@ -50,6 +50,9 @@ struct EngineOptions {
   /// Copies from CUDA tensors return without waiting for the device (stream-ordered mode);
   /// the graph waits for the copies before encoding.
   bool stream_ordered = false;
+  /// Run the graph at high priority: for small saves that must not queue behind a large one
+  /// (the input pipeline's state beside the model's), when workers are scarce.
+  bool high_priority = false;
 };
 
 /// Whether Submit took the snapshot.

@@ -258,6 +258,9 @@ class CheckpointInputPipelineHook::Impl {
     engine_options.num_data_files = 1;
     engine_options.compression = options_.compression;
     engine_options.background_threads = 1;
+    // Its saves are small: they must not wait behind the model's large ones for a worker, or a
+    // crash finds the input's checkpoint of a step missing long after the model's committed.
+    engine_options.high_priority = true;
     uint64_t budget = options_.staging_bytes;
     if (budget == 0) budget = iterator_->max_state_bytes();
     const bool bounded = budget != 0;
