@@ -247,14 +247,8 @@ double Percentile(std::vector<double> values, double p) {
   return values[std::min(values.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
-// One plain parallel memcpy of the whole state into a buffer that was touched before, the yard
-// stick for how long a save may block the training thread.
-double MeasureStateMemcpySeconds(const TensorRegistry& registry) {
-  std::vector<std::unique_ptr<char[]>> copies;
-  for (const auto& t : registry.tensors()) {
-    copies.emplace_back(new char[std::max<size_t>(t.bytes, 1)]);
-    std::memset(copies.back().get(), 0, std::max<size_t>(t.bytes, 1));
-  }
+double OneStateMemcpy(const TensorRegistry& registry,
+                      const std::vector<std::unique_ptr<char[]>>& copies) {
   constexpr size_t kPiece = 4 << 20;
   auto start = SteadyClock::now();
   for (size_t i = 0; i < registry.tensors().size(); ++i) {
@@ -272,13 +266,28 @@ double MeasureStateMemcpySeconds(const TensorRegistry& registry) {
   return std::chrono::duration<double>(SteadyClock::now() - start).count();
 }
 
+// Plain parallel memcpys of the whole state into buffers that were touched before: the yard
+// stick for how long a save may block the training thread. Measured `runs` times, as many as
+// there were saves, because on a shared machine one copy's time varies as much as one save's:
+// the largest save is compared with the largest memcpy, the median with the median.
+std::vector<double> MeasureStateMemcpySeconds(const TensorRegistry& registry, size_t runs) {
+  std::vector<std::unique_ptr<char[]>> copies;
+  for (const auto& t : registry.tensors()) {
+    copies.emplace_back(new char[std::max<size_t>(t.bytes, 1)]);
+    std::memset(copies.back().get(), 0, std::max<size_t>(t.bytes, 1));
+  }
+  std::vector<double> seconds;
+  for (size_t run = 0; run < runs; ++run) seconds.push_back(OneStateMemcpy(registry, copies));
+  return seconds;
+}
+
 struct RunSummary {
   int64_t start_step = 0;
   int64_t final_step = 0;
   std::vector<double> step_ms_save;
   std::vector<double> step_ms_no_save;
   double wall_seconds = 0;
-  double memcpy_seconds = 0;
+  std::vector<double> memcpy_seconds;  // one per save, at least 3
   uint64_t digest = 0;
   SaverTotals totals;
   int verified = -1;  // -1: not asked; else the number verified
@@ -457,9 +466,16 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
   summary->input_digest = IteratorDigest(*input);
   summary->records_consumed = input->records_emitted();
   summary->input_checkpoints = input_hook->saves_committed();
-  summary->memcpy_seconds = MeasureStateMemcpySeconds(registry);
+  summary->memcpy_seconds =
+      MeasureStateMemcpySeconds(registry, std::max<size_t>(3, summary->totals.saves.size()));
   if (config.verify) RETURN_IF_ERROR(VerifyListed(config.saver.checkpoint_dir, &summary->verified));
   return Status::OK();
+}
+
+std::vector<double> BlockedPerSave(const SaverTotals& totals) {
+  std::vector<double> blocked;
+  for (const auto& save : totals.saves) blocked.push_back(save.blocked_seconds);
+  return blocked;
 }
 
 std::string Hex(uint64_t value) {
@@ -485,11 +501,17 @@ void PrintSummary(const TrainSimConfig& config, const RunSummary& s, uint64_t st
       "p99 %.1f ms\n",
       Percentile(s.step_ms_no_save, 50), Percentile(s.step_ms_no_save, 99),
       Percentile(s.step_ms_save, 50), Percentile(s.step_ms_save, 99));
+  const double copy_median = Percentile(s.memcpy_seconds, 50);
+  const double copy_max = Percentile(s.memcpy_seconds, 100);
+  const double blocked_median = Percentile(BlockedPerSave(t), 50);
+  std::printf("blocked by saves   %.3f s total; per save median %.3f s, max %.3f s\n",
+              t.blocked_seconds_total, blocked_median, t.blocked_seconds_max);
   std::printf(
-      "blocked by saves   %.3f s total, %.3f s max per save (state memcpy %.3f s, ratio "
-      "%.2f)\n",
-      t.blocked_seconds_total, t.blocked_seconds_max, s.memcpy_seconds,
-      s.memcpy_seconds > 0 ? t.blocked_seconds_max / s.memcpy_seconds : 0.0);
+      "state memcpy       %zu runs: median %.3f s, max %.3f s | blocked/memcpy: median "
+      "%.2f, max %.2f\n",
+      s.memcpy_seconds.size(), copy_median, copy_max,
+      copy_median > 0 ? blocked_median / copy_median : 0.0,
+      copy_max > 0 ? t.blocked_seconds_max / copy_max : 0.0);
   std::printf("bytes              %s raw, %s stored, compression ratio %.2f\n",
               FormatBytes(double(t.bytes_raw)).c_str(), FormatBytes(double(t.bytes_stored)).c_str(),
               t.bytes_stored ? double(t.bytes_raw) / double(t.bytes_stored) : 1.0);
@@ -526,7 +548,12 @@ Status WriteMetricsJson(const TrainSimConfig& config, const RunSummary& s, uint6
   json.field("step_ms_p99_with_save", Percentile(s.step_ms_save, 99));
   json.field("blocked_seconds_total", t.blocked_seconds_total);
   json.field("blocked_seconds_per_save_max", t.blocked_seconds_max);
-  json.field("state_memcpy_seconds", s.memcpy_seconds);
+  json.field("blocked_seconds_per_save_median", Percentile(BlockedPerSave(t), 50));
+  json.field("state_memcpy_seconds", Percentile(s.memcpy_seconds, 50));
+  json.field("state_memcpy_seconds_max", Percentile(s.memcpy_seconds, 100));
+  json.key("state_memcpy_runs").begin_array();
+  for (double run : s.memcpy_seconds) json.value(run);
+  json.end_array();
   json.field("bytes_raw", t.bytes_raw);
   json.field("bytes_stored", t.bytes_stored);
   json.field("compression_ratio",

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -158,6 +160,71 @@ int ArenaWorkers(unsigned threads) {
   return static_cast<int>(std::clamp<size_t>(limit > 1 ? limit - 1 : 1, 1, threads));
 }
 
+// Threads that help the training thread copy a snapshot into staging. oneTBB lends at most
+// cores - 1 workers to all arenas together, and they are often busy elsewhere (the graph, the
+// training step's own loops) at the moment of a save; a copy that runs on the training thread
+// alone takes twice as long. These helpers sleep between saves and join every copy.
+class CopyCrew {
+ public:
+  explicit CopyCrew(unsigned helpers) {
+    for (unsigned i = 0; i < helpers; ++i) threads_.emplace_back([this] { Loop(); });
+  }
+  ~CopyCrew() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& thread : threads_) thread.join();
+  }
+  // Runs body(i) for every i in [0, n) on the caller and every helper; returns when all ran.
+  void Run(size_t n, const std::function<void(size_t)>& body) {
+    {
+      std::lock_guard lock(mu_);
+      body_ = &body;
+      n_ = n;
+      next_ = 0;
+      finished_ = 0;
+      ++generation_;
+    }
+    wake_.notify_all();
+    Work();
+    // Every helper takes part in every generation, so none can run a stale body later.
+    std::unique_lock lock(mu_);
+    done_.wait(lock, [&] { return finished_ == threads_.size(); });
+  }
+
+ private:
+  void Work() {
+    for (size_t i = next_.fetch_add(1); i < n_; i = next_.fetch_add(1)) (*body_)(i);
+  }
+  void Loop() {
+    uint64_t seen = 0;
+    std::unique_lock lock(mu_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      lock.unlock();
+      Work();
+      lock.lock();
+      ++finished_;
+      done_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::condition_variable done_;
+  std::vector<std::thread> threads_;
+  const std::function<void(size_t)>* body_ = nullptr;  // written under mu_ while helpers idle
+  size_t n_ = 0;
+  std::atomic<size_t> next_{0};
+  size_t finished_ = 0;
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+};
+
 }  // namespace
 
 class Engine::Impl {
@@ -176,7 +243,7 @@ class Engine::Impl {
                options.high_priority ? tbb::task_arena::priority::high
                                      : tbb::task_arena::priority::normal),
         // The training thread joins the copies, beside the workers.
-        copy_arena_(ArenaWorkers(threads) + 1, 1, tbb::task_arena::priority::high),
+        copy_crew_(threads > 1 ? threads - 1 : 0),
         pool_(std::move(staging_device), budget) {}
 
   ~Impl() {
@@ -196,9 +263,6 @@ class Engine::Impl {
     RETURN_IF_ERROR(pool_.Prepare());
     RegisterStaging();
     arena_.execute([&] { BuildGraph(); });
-    // The copy arena's first use pays for waking and binding its workers; pay it here, not in
-    // the first save's blocked time.
-    copy_arena_.execute([&] { tbb::parallel_for(0u, threads_ + 1, [](unsigned) {}); });
     return Status::OK();
   }
 
@@ -234,7 +298,7 @@ class Engine::Impl {
   const DoneFn on_done_;
   const unsigned threads_;
   tbb::task_arena arena_;
-  tbb::task_arena copy_arena_;
+  CopyCrew copy_crew_;
   StagingPool pool_;
   BufferRecycler recycler_;
   tbb::enumerable_thread_specific<codec::Scratch> scratch_;
@@ -409,25 +473,23 @@ Result<SubmitOutcome> Engine::Impl::Submit(const CheckpointMetadata& metadata, b
 
 void Engine::Impl::CopyWave(SaveJob& save, std::vector<ChunkPtr>& wave) {
   const bool wait_here = !options_.stream_ordered;
-  copy_arena_.execute([&] {
-    tbb::parallel_for(size_t{0}, wave.size(), [&](size_t i) {
-      ChunkMsg& msg = *wave[i];
-      if (msg.lease.data() == nullptr || save.failed) return;
-      Guarded(save, "snapshot copy", [&] {
-        const auto& job = save.jobs[msg.job];
-        const TensorRef& ref = registry_->tensors()[job.tensor];
-        const std::shared_ptr<Device>& device = ref.device ? ref.device : HostDevice();
-        const auto* src = static_cast<const uint8_t*>(ref.data) + job.offset;
-        auto fence = device->copy_to_host_async(src, msg.lease.data(), job.length);
-        if (!fence.ok()) {
-          save.Fail(fence.status().WithContext(ChunkContext(save, msg)));
-        } else if (wait_here) {
-          Status done = (*fence)->wait();
-          if (!done.ok()) save.Fail(done.WithContext(ChunkContext(save, msg)));
-        } else {
-          msg.fence = std::move(fence).value();
-        }
-      });
+  copy_crew_.Run(wave.size(), [&](size_t i) {
+    ChunkMsg& msg = *wave[i];
+    if (msg.lease.data() == nullptr || save.failed) return;
+    Guarded(save, "snapshot copy", [&] {
+      const auto& job = save.jobs[msg.job];
+      const TensorRef& ref = registry_->tensors()[job.tensor];
+      const std::shared_ptr<Device>& device = ref.device ? ref.device : HostDevice();
+      const auto* src = static_cast<const uint8_t*>(ref.data) + job.offset;
+      auto fence = device->copy_to_host_async(src, msg.lease.data(), job.length);
+      if (!fence.ok()) {
+        save.Fail(fence.status().WithContext(ChunkContext(save, msg)));
+      } else if (wait_here) {
+        Status done = (*fence)->wait();
+        if (!done.ok()) save.Fail(done.WithContext(ChunkContext(save, msg)));
+      } else {
+        msg.fence = std::move(fence).value();
+      }
     });
   });
 }
