@@ -18,6 +18,7 @@
 #include "asyncckpt/state.h"
 #include "io/file_system.h"
 #include "src/staging/staging_pool.h"
+#include "tests/io/gated_file_system.h"
 
 namespace asyncckpt {
 namespace {
@@ -41,38 +42,7 @@ uint64_t ResidentBytes() {
   return resident_pages * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 }
 
-// Holds every data-file write until the test opens the gate, so a test can keep staging busy
-// (leases are returned only after their chunk is written) for as long as it needs.
-class GatedFileSystem final : public io::FileSystemWrapper {
- public:
-  using FileSystemWrapper::FileSystemWrapper;
-  io::IoStatus write_batch(std::span<const io::WriteOp> ops) override {
-    {
-      std::unique_lock lock(mu_);
-      ++waiting_;
-      changed_.notify_all();
-      changed_.wait(lock, [&] { return open_; });
-      --waiting_;
-    }
-    return target()->write_batch(ops);
-  }
-  void Open() {
-    std::lock_guard lock(mu_);
-    open_ = true;
-    changed_.notify_all();
-  }
-  // Blocks until at least n writes are held at the gate.
-  void WaitForWaiting(int n) {
-    std::unique_lock lock(mu_);
-    changed_.wait(lock, [&] { return waiting_ >= n; });
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable changed_;
-  bool open_ = false;
-  int waiting_ = 0;
-};
+using testing_support::GatedFileSystem;
 
 // Throws from write_batch while armed: an exception inside the graph's write node.
 class ThrowingFileSystem final : public io::FileSystemWrapper {

@@ -23,6 +23,7 @@
 #include "io/fault_injection_file_system.h"
 #include "io/file_system.h"
 #include "src/saver/saver_common.h"
+#include "tests/io/gated_file_system.h"
 
 namespace asyncckpt {
 namespace {
@@ -111,38 +112,7 @@ class RecordingListener : public CheckpointSaverListener {
   std::vector<int64_t> ends_;
 };
 
-// Holds data-file writes until opened: staging stays leased (busy) for as long as a test needs.
-class GatedFileSystem final : public io::FileSystemWrapper {
- public:
-  explicit GatedFileSystem(std::unique_ptr<io::FileSystem> target)
-      : FileSystemWrapper(target.get()), owned_(std::move(target)) {}
-  io::IoStatus write_batch(std::span<const io::WriteOp> ops) override {
-    {
-      std::unique_lock lock(mu_);
-      ++waiting_;
-      changed_.notify_all();
-      changed_.wait(lock, [&] { return open_; });
-      --waiting_;
-    }
-    return target()->write_batch(ops);
-  }
-  void Open() {
-    std::lock_guard lock(mu_);
-    open_ = true;
-    changed_.notify_all();
-  }
-  void WaitForWaiting(int n) {
-    std::unique_lock lock(mu_);
-    changed_.wait(lock, [&] { return waiting_ >= n; });
-  }
-
- private:
-  std::unique_ptr<io::FileSystem> owned_;
-  std::mutex mu_;
-  std::condition_variable changed_;
-  bool open_ = false;
-  int waiting_ = 0;
-};
+using testing_support::GatedFileSystem;
 
 // Throws from write_batch while armed: an exception inside the engine's graph.
 class ThrowingFileSystem final : public io::FileSystemWrapper {
