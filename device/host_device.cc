@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "device/streaming_copy.h"
+
 namespace asyncckpt {
 
 namespace {
@@ -34,7 +36,8 @@ Result<PinnedBuffer> HostDeviceImpl::allocate_pinned(size_t bytes) {
 Result<std::unique_ptr<CopyFence>> HostDeviceImpl::copy_to_host_async(const void* device_src,
                                                                       void* host_dst,
                                                                       size_t bytes) {
-  if (bytes > 0) std::memcpy(host_dst, device_src, bytes);
+  // The destination is staging, read back only by the encoder and the writer much later.
+  StreamingCopy(host_dst, device_src, bytes);
   return std::unique_ptr<CopyFence>(std::make_unique<ReadyFence>());
 }
 

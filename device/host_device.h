@@ -6,8 +6,9 @@
 
 namespace asyncckpt {
 
-/// Ordinary host memory. Copies are plain memcpy on the calling thread and complete before
-/// copy_to_host_async returns (the staging layer runs many of them in parallel on its arena).
+/// Ordinary host memory. Copies run on the calling thread and complete before
+/// copy_to_host_async returns (the engine runs many of them in parallel); copies into staging
+/// use streaming stores (StreamingCopy), restores a plain memcpy.
 class HostDeviceImpl final : public Device {
  public:
   DeviceKind kind() const override { return DeviceKind::kHost; }
