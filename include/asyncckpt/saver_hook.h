@@ -68,8 +68,10 @@ struct SaverOptions {
   /// Asynchronous hook, CUDA state: return from a save as soon as the copies are enqueued
   /// (stream-ordered mode); set the compute stream first with SetCudaComputeStream.
   bool cuda_stream_ordered = false;
-  /// Write data files with O_DIRECT where the file system allows it.
-  bool use_o_direct = false;
+  /// Write data files with O_DIRECT where the file system allows it, else buffered I/O with
+  /// fdatasync. On by default: buffered writes cost a core's worth of page-cache copies per
+  /// save, taken from the training job, and write at a fraction of the device's speed.
+  bool use_o_direct = true;
   /// Use the POSIX I/O backend even where io_uring works.
   bool force_posix_io = false;
   /// Time source for save_secs and retention (tests use a fake clock).
