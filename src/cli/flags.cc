@@ -51,6 +51,13 @@ Result<double> ParsedFlags::get_double(const std::string& name) const {
   return value;
 }
 
+Result<bool> ParsedFlags::get_bool(const std::string& name) const {
+  const std::string text = get(name);
+  if (text == "true" || text == "yes" || text == "1") return true;
+  if (text == "false" || text == "no" || text == "0") return false;
+  return BadValue(name, text, "true or false");
+}
+
 Result<uint64_t> ParsedFlags::get_bytes(const std::string& name) const {
   auto bytes = ParseByteSize(get(name));
   if (!bytes.ok()) return BadValue(name, get(name), "a byte size such as 512MiB or 4GiB");

@@ -37,6 +37,8 @@ class ParsedFlags {
   Result<double> get_double(const std::string& name) const;
   /// The value as a byte size ("512MiB", "4GiB", "1.5GB", "4096").
   Result<uint64_t> get_bytes(const std::string& name) const;
+  /// The value as a boolean: true/false, yes/no, 1/0; InvalidArgument naming the flag otherwise.
+  Result<bool> get_bool(const std::string& name) const;
   /// True when a switch was given.
   bool get_switch(const std::string& name) const { return has(name); }
   /// Arguments that are not flags, in order.

@@ -1,8 +1,6 @@
 // `asyncckpt train-sim`: a synthetic training job that checkpoints as it goes, resumes from its
 // checkpoint directory, and reports what checkpointing cost the training loop.
 
-#include <oneapi/tbb/blocked_range.h>
-#include <oneapi/tbb/parallel_for.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -12,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -27,6 +26,7 @@
 #include "src/cli/commands.h"
 #include "src/cli/flags.h"
 #include "src/cli/json.h"
+#include "src/cli/memcpy_yardstick.h"
 #include "src/cli/sim_model.h"
 #include "src/util/status_macros.h"
 
@@ -59,7 +59,8 @@ const std::vector<FlagSpec>& TrainSimFlags() {
       {"on_error", "stop", "async: stop or continue when a background save fails"},
       {"background_threads", "0", "async: threads of the background arena (0 = all cores)"},
       {"io", "auto", "I/O backend: auto (io_uring when available), uring or posix"},
-      {"o_direct", "", "write data files with O_DIRECT where the file system allows", true},
+      {"o_direct", "true",
+       "true: write data files with O_DIRECT where the file system allows; false: buffered"},
       {"seed", "42", "seed of the initial state and the synthetic gradients"},
       {"dataset", "",
        "dataset file (default: <checkpoint_dir>/train-sim-dataset.bin, written if missing)"},
@@ -72,6 +73,9 @@ const std::vector<FlagSpec>& TrainSimFlags() {
       {"metrics_json", "", "write the summary as one JSON object to this file"},
       {"verify", "", "after training, verify every checkpoint the state file lists", true},
       {"quiet", "", "no progress line", true},
+      {"memcpy_yardstick", "true",
+       "time a plain parallel memcpy of the state just before each save (needs a second copy "
+       "of the state in memory)"},
   };
   return specs;
 }
@@ -88,6 +92,7 @@ struct TrainSimConfig {
   std::string metrics_json;
   bool verify = false;
   bool quiet = false;
+  bool memcpy_yardstick = true;
   bool dir_was_given = false;
   std::string dataset;
   uint64_t dataset_records = 0;
@@ -175,7 +180,7 @@ Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
     return Status::InvalidArgument("--io must be auto, uring or posix, not '" + io + "'");
   }
   saver.force_posix_io = io == "posix";
-  saver.use_o_direct = flags.get_switch("o_direct");
+  ASSIGN_OR_RETURN(saver.use_o_direct, flags.get_bool("o_direct"));
   config.dataset = flags.get("dataset");
   ASSIGN_OR_RETURN(int64_t records, flags.get_int("dataset_records"));
   ASSIGN_OR_RETURN(int64_t record_bytes, flags.get_int("record_bytes"));
@@ -198,6 +203,7 @@ Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
   config.metrics_json = flags.get("metrics_json");
   config.verify = flags.get_switch("verify");
   config.quiet = flags.get_switch("quiet");
+  ASSIGN_OR_RETURN(config.memcpy_yardstick, flags.get_bool("memcpy_yardstick"));
   config.dir_was_given = flags.has("checkpoint_dir");
   saver.checkpoint_dir = flags.get("checkpoint_dir");
   return config;
@@ -247,47 +253,13 @@ double Percentile(std::vector<double> values, double p) {
   return values[std::min(values.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
-double OneStateMemcpy(const TensorRegistry& registry,
-                      const std::vector<std::unique_ptr<char[]>>& copies) {
-  constexpr size_t kPiece = 4 << 20;
-  auto start = SteadyClock::now();
-  for (size_t i = 0; i < registry.tensors().size(); ++i) {
-    const auto& t = registry.tensors()[i];
-    char* dst = copies[i].get();
-    const char* src = static_cast<const char*>(t.data);
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, (t.bytes + kPiece - 1) / kPiece),
-                      [&](const auto& range) {
-                        for (size_t p = range.begin(); p != range.end(); ++p) {
-                          const size_t off = p * kPiece;
-                          std::memcpy(dst + off, src + off, std::min(kPiece, t.bytes - off));
-                        }
-                      });
-  }
-  return std::chrono::duration<double>(SteadyClock::now() - start).count();
-}
-
-// Plain parallel memcpys of the whole state into buffers that were touched before: the yard
-// stick for how long a save may block the training thread. Measured `runs` times, as many as
-// there were saves, because on a shared machine one copy's time varies as much as one save's:
-// the largest save is compared with the largest memcpy, the median with the median.
-std::vector<double> MeasureStateMemcpySeconds(const TensorRegistry& registry, size_t runs) {
-  std::vector<std::unique_ptr<char[]>> copies;
-  for (const auto& t : registry.tensors()) {
-    copies.emplace_back(new char[std::max<size_t>(t.bytes, 1)]);
-    std::memset(copies.back().get(), 0, std::max<size_t>(t.bytes, 1));
-  }
-  std::vector<double> seconds;
-  for (size_t run = 0; run < runs; ++run) seconds.push_back(OneStateMemcpy(registry, copies));
-  return seconds;
-}
-
 struct RunSummary {
   int64_t start_step = 0;
   int64_t final_step = 0;
   std::vector<double> step_ms_save;
   std::vector<double> step_ms_no_save;
   double wall_seconds = 0;
-  std::vector<double> memcpy_seconds;  // one per save, at least 3
+  std::map<int64_t, double> memcpy_seconds_by_step;  // the yardstick taken before each save
   uint64_t digest = 0;
   SaverTotals totals;
   int verified = -1;  // -1: not asked; else the number verified
@@ -419,8 +391,14 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
   std::function<SaverTotals()> totals;
   ASSIGN_OR_RETURN(auto hook, MakeSaverHook(config, &registry, &recorder, &totals));
   ASSIGN_OR_RETURN(auto input_hook, MakeInputHook(config, input.get()));
-  ASSIGN_OR_RETURN(auto session,
-                   MonitoredSession::Create({hook.get(), input_hook.get()}, summary->start_step));
+  std::vector<SessionRunHook*> hooks = {hook.get(), input_hook.get()};
+  std::unique_ptr<MemcpyYardstickHook> yardstick;
+  if (config.memcpy_yardstick) {
+    ASSIGN_OR_RETURN(yardstick, MemcpyYardstickHook::Create(&registry, config.saver.save_steps,
+                                                            config.saver.save_secs));
+    hooks.insert(hooks.begin(), yardstick.get());  // runs just before the saver
+  }
+  ASSIGN_OR_RETURN(auto session, MonitoredSession::Create(hooks, summary->start_step));
   std::vector<uint8_t> batch;
 
   const auto wall_start = SteadyClock::now();
@@ -466,8 +444,7 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
   summary->input_digest = IteratorDigest(*input);
   summary->records_consumed = input->records_emitted();
   summary->input_checkpoints = input_hook->saves_committed();
-  summary->memcpy_seconds =
-      MeasureStateMemcpySeconds(registry, std::max<size_t>(3, summary->totals.saves.size()));
+  if (yardstick) summary->memcpy_seconds_by_step = yardstick->seconds_by_step();
   if (config.verify) RETURN_IF_ERROR(VerifyListed(config.saver.checkpoint_dir, &summary->verified));
   return Status::OK();
 }
@@ -476,6 +453,25 @@ std::vector<double> BlockedPerSave(const SaverTotals& totals) {
   std::vector<double> blocked;
   for (const auto& save : totals.saves) blocked.push_back(save.blocked_seconds);
   return blocked;
+}
+
+std::vector<double> MemcpyRuns(const RunSummary& s) {
+  std::vector<double> runs;
+  for (const auto& [step, seconds] : s.memcpy_seconds_by_step) runs.push_back(seconds);
+  return runs;
+}
+
+// Each save's blocked time over the memcpy timed just before it (same step); saves without
+// one (yardstick off) are left out.
+std::vector<double> BlockedOverMemcpyPerSave(const RunSummary& s) {
+  std::vector<double> ratios;
+  for (const auto& save : s.totals.saves) {
+    auto it = s.memcpy_seconds_by_step.find(save.step);
+    if (it != s.memcpy_seconds_by_step.end() && it->second > 0) {
+      ratios.push_back(save.blocked_seconds / it->second);
+    }
+  }
+  return ratios;
 }
 
 std::string Hex(uint64_t value) {
@@ -501,17 +497,21 @@ void PrintSummary(const TrainSimConfig& config, const RunSummary& s, uint64_t st
       "p99 %.1f ms\n",
       Percentile(s.step_ms_no_save, 50), Percentile(s.step_ms_no_save, 99),
       Percentile(s.step_ms_save, 50), Percentile(s.step_ms_save, 99));
-  const double copy_median = Percentile(s.memcpy_seconds, 50);
-  const double copy_max = Percentile(s.memcpy_seconds, 100);
   const double blocked_median = Percentile(BlockedPerSave(t), 50);
   std::printf("blocked by saves   %.3f s total; per save median %.3f s, max %.3f s\n",
               t.blocked_seconds_total, blocked_median, t.blocked_seconds_max);
-  std::printf(
-      "state memcpy       %zu runs: median %.3f s, max %.3f s | blocked/memcpy: median "
-      "%.2f, max %.2f\n",
-      s.memcpy_seconds.size(), copy_median, copy_max,
-      copy_median > 0 ? blocked_median / copy_median : 0.0,
-      copy_max > 0 ? t.blocked_seconds_max / copy_max : 0.0);
+  const std::vector<double> runs = MemcpyRuns(s);
+  const std::vector<double> ratios = BlockedOverMemcpyPerSave(s);
+  if (runs.empty()) {
+    std::printf("state memcpy       not measured (--memcpy_yardstick=false)\n");
+  } else {
+    std::printf("state memcpy       %zu runs, each just before a save: median %.3f s, max %.3f s\n",
+                runs.size(), Percentile(runs, 50), Percentile(runs, 100));
+    std::printf(
+        "blocked/memcpy     each save against the memcpy just before it: median %.2f, "
+        "max %.2f\n",
+        Percentile(ratios, 50), Percentile(ratios, 100));
+  }
   std::printf("bytes              %s raw, %s stored, compression ratio %.2f\n",
               FormatBytes(double(t.bytes_raw)).c_str(), FormatBytes(double(t.bytes_stored)).c_str(),
               t.bytes_stored ? double(t.bytes_raw) / double(t.bytes_stored) : 1.0);
@@ -549,11 +549,13 @@ Status WriteMetricsJson(const TrainSimConfig& config, const RunSummary& s, uint6
   json.field("blocked_seconds_total", t.blocked_seconds_total);
   json.field("blocked_seconds_per_save_max", t.blocked_seconds_max);
   json.field("blocked_seconds_per_save_median", Percentile(BlockedPerSave(t), 50));
-  json.field("state_memcpy_seconds", Percentile(s.memcpy_seconds, 50));
-  json.field("state_memcpy_seconds_max", Percentile(s.memcpy_seconds, 100));
+  json.field("state_memcpy_seconds", Percentile(MemcpyRuns(s), 50));
+  json.field("state_memcpy_seconds_max", Percentile(MemcpyRuns(s), 100));
   json.key("state_memcpy_runs").begin_array();
-  for (double run : s.memcpy_seconds) json.value(run);
+  for (double run : MemcpyRuns(s)) json.value(run);
   json.end_array();
+  json.field("blocked_over_memcpy_median", Percentile(BlockedOverMemcpyPerSave(s), 50));
+  json.field("blocked_over_memcpy_max", Percentile(BlockedOverMemcpyPerSave(s), 100));
   json.field("bytes_raw", t.bytes_raw);
   json.field("bytes_stored", t.bytes_stored);
   json.field("compression_ratio",
@@ -567,6 +569,10 @@ Status WriteMetricsJson(const TrainSimConfig& config, const RunSummary& s, uint6
     json.field("path", save.path);
     json.field("ok", save.status.ok());
     json.field("blocked_seconds", save.blocked_seconds);
+    if (auto it = s.memcpy_seconds_by_step.find(save.step); it != s.memcpy_seconds_by_step.end()) {
+      json.field("state_memcpy_seconds", it->second);
+      json.field("blocked_over_memcpy", it->second > 0 ? save.blocked_seconds / it->second : 0.0);
+    }
     json.field("seconds_to_durable", save.seconds_to_durable);
     json.field("bytes_raw", save.bytes_raw);
     json.field("bytes_stored", save.bytes_stored);

@@ -143,10 +143,20 @@ TEST_F(CliTest, BadFlagValueIsOneLineNamingTheFlagAndTheValue) {
     std::string flag, value, says;
   };
   const std::vector<Case> cases = {
-      {"steps", "abc", "abc"},       {"model_bytes", "5XB", "5XB"},   {"saver", "foo", "foo"},
-      {"compression", "bar", "bar"}, {"steps", "-1", ">= 0"},         {"dtype", "f17", "f17"},
-      {"optimizer", "lion", "lion"}, {"save_steps", "0", "positive"}, {"chunk_bytes", "4QB", "4QB"},
-      {"on_busy", "maybe", "maybe"}, {"io", "floppy", "floppy"},      {"step_ms", "fast", "fast"},
+      {"steps", "abc", "abc"},
+      {"model_bytes", "5XB", "5XB"},
+      {"saver", "foo", "foo"},
+      {"compression", "bar", "bar"},
+      {"steps", "-1", ">= 0"},
+      {"dtype", "f17", "f17"},
+      {"optimizer", "lion", "lion"},
+      {"save_steps", "0", "positive"},
+      {"chunk_bytes", "4QB", "4QB"},
+      {"on_busy", "maybe", "maybe"},
+      {"io", "floppy", "floppy"},
+      {"step_ms", "fast", "fast"},
+      {"o_direct", "perhaps", "true or false"},
+      {"memcpy_yardstick", "on", "on"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE("--" + c.flag + " " + c.value);

@@ -304,6 +304,43 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+// ---- the memcpy yardstick ----------------------------------------------------------------------
+
+TEST_F(TrainSimTest, EverySaveIsHeldAgainstTheMemcpyTakenJustBeforeIt) {
+  const std::string dir = Path("yardstick");
+  RunResult run = Train(dir, 12);  // saves at 0, 4, 8, 12
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  ASSERT_EQ(run.metrics["saves"].size(), 4u) << run.metrics.dump();
+  ASSERT_EQ(run.metrics["state_memcpy_runs"].size(), 4u) << run.metrics.dump();
+  double max_ratio = 0;
+  for (const Json& save : run.metrics["saves"]) {
+    SCOPED_TRACE(save.dump());
+    ASSERT_TRUE(save.contains("state_memcpy_seconds"));
+    const double memcpy_seconds = save["state_memcpy_seconds"].get<double>();
+    EXPECT_GT(memcpy_seconds, 0.0);
+    const double ratio = save["blocked_over_memcpy"].get<double>();
+    EXPECT_NEAR(ratio, save["blocked_seconds"].get<double>() / memcpy_seconds, 1e-9);
+    max_ratio = std::max(max_ratio, ratio);
+  }
+  EXPECT_DOUBLE_EQ(run.metrics["blocked_over_memcpy_max"].get<double>(), max_ratio);
+  EXPECT_NE(run.out.find("blocked/memcpy     each save against the memcpy just before it"),
+            std::string::npos)
+      << run.out;
+}
+
+TEST_F(TrainSimTest, YardstickOffAndBufferedWritesStillSaveEveryStep) {
+  const std::string dir = Path("no_yardstick");
+  RunResult run = Train(dir, 8, {"--memcpy_yardstick", "false", "--o_direct", "false", "--verify"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(run.metrics["checkpoints_committed"], 3);  // steps 0, 4, 8
+  EXPECT_EQ(run.metrics["verified_checkpoints"], 3);
+  EXPECT_TRUE(run.metrics["state_memcpy_runs"].empty()) << run.metrics.dump();
+  for (const Json& save : run.metrics["saves"]) {
+    EXPECT_FALSE(save.contains("blocked_over_memcpy")) << save.dump();
+  }
+  EXPECT_NE(run.out.find("state memcpy       not measured"), std::string::npos) << run.out;
+}
+
 // ---- resume ------------------------------------------------------------------------------------
 
 // The step a resumed run in `dir` must start from for the job to go on exactly: the newest step

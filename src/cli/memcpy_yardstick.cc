@@ -1,0 +1,94 @@
+#include "src/cli/memcpy_yardstick.h"
+
+#include <oneapi/tbb/parallel_for.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "src/util/status_macros.h"
+
+namespace asyncckpt::cli {
+
+namespace {
+
+// The engine copies in pieces of one chunk (4 MiB by default); so does the yardstick.
+constexpr size_t kPieceBytes = 4 << 20;
+
+struct Piece {
+  const uint8_t* source;
+  uint64_t offset;  // into the destination
+  size_t bytes;
+};
+
+std::vector<Piece> PiecesOf(const TensorRegistry& registry) {
+  std::vector<Piece> pieces;
+  uint64_t offset = 0;
+  for (const TensorRef& ref : registry.tensors()) {
+    const auto* source = static_cast<const uint8_t*>(ref.data);
+    for (uint64_t at = 0; at < ref.bytes; at += kPieceBytes) {
+      pieces.push_back(
+          Piece{source + at, offset + at, std::min<size_t>(kPieceBytes, ref.bytes - at)});
+    }
+    offset += ref.bytes;
+  }
+  return pieces;
+}
+
+}  // namespace
+
+double TimeStateMemcpy(const TensorRegistry& registry, uint8_t* destination) {
+  const std::vector<Piece> pieces = PiecesOf(registry);
+  const auto start = std::chrono::steady_clock::now();
+  tbb::parallel_for(size_t{0}, pieces.size(), [&](size_t i) {
+    std::memcpy(destination + pieces[i].offset, pieces[i].source, pieces[i].bytes);
+  });
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+Result<std::unique_ptr<MemcpyYardstickHook>> MemcpyYardstickHook::Create(
+    const TensorRegistry* registry, std::optional<int64_t> save_steps,
+    std::optional<double> save_secs) {
+  ASSIGN_OR_RETURN(SecondOrStepTimer timer, SecondOrStepTimer::Create(save_steps, save_secs));
+  std::unique_ptr<MemcpyYardstickHook> hook(new MemcpyYardstickHook(registry, std::move(timer)));
+  const uint64_t bytes = std::max<uint64_t>(registry->total_bytes(), 1);
+  hook->destination_.reset(new (std::nothrow) uint8_t[bytes]);
+  if (!hook->destination_) {
+    return Status::Unavailable("cannot allocate " + std::to_string(bytes) +
+                               " bytes for the memcpy yardstick (--memcpy_yardstick=false "
+                               "turns it off)");
+  }
+  // Touched now, so no measurement pays for first-touch page faults.
+  std::memset(hook->destination_.get(), 0, bytes);
+  return hook;
+}
+
+MemcpyYardstickHook::MemcpyYardstickHook(const TensorRegistry* registry, SecondOrStepTimer timer)
+    : registry_(registry), timer_(std::move(timer)) {}
+
+MemcpyYardstickHook::~MemcpyYardstickHook() = default;
+
+void MemcpyYardstickHook::Measure(int64_t step) {
+  (void)timer_.update_last_triggered_step(step);
+  seconds_by_step_[step] = TimeStateMemcpy(*registry_, destination_.get());
+}
+
+Status MemcpyYardstickHook::after_create_session(int64_t global_step) {
+  Measure(global_step);
+  return Status::OK();
+}
+
+Status MemcpyYardstickHook::after_run(RunContext& context, const RunValues& values) {
+  (void)values;
+  if (timer_.should_trigger_for_step(context.step())) Measure(context.step());
+  return Status::OK();
+}
+
+Status MemcpyYardstickHook::end(int64_t global_step) {
+  if (seconds_by_step_.count(global_step) == 0) Measure(global_step);
+  return Status::OK();
+}
+
+}  // namespace asyncckpt::cli

@@ -1,0 +1,55 @@
+#pragma once
+
+// The yardstick train-sim holds each save's blocked time against: one plain parallel memcpy of
+// the whole state, timed just before that save at the same point of the step.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include "asyncckpt/hooks.h"
+#include "asyncckpt/tensor.h"
+#include "asyncckpt/timer.h"
+
+namespace asyncckpt::cli {
+
+/// Times a plain parallel memcpy of every registered tensor (host memory) into a buffer of the
+/// same size, whenever the saver placed after it in the hook list is about to save: at
+/// after_create_session, at each step its own timer (the saver's save_steps / save_secs) fires,
+/// and at end() for a final save. On a shared machine memory bandwidth drifts by 2x within
+/// seconds, so a yardstick taken next to each save, not once at the end, is the fair one.
+class MemcpyYardstickHook final : public SessionRunHook {
+ public:
+  /// Allocates and touches the destination buffer (the state's size) up front; InvalidArgument
+  /// when the schedule is invalid, Unavailable when the buffer cannot be allocated.
+  static Result<std::unique_ptr<MemcpyYardstickHook>> Create(const TensorRegistry* registry,
+                                                             std::optional<int64_t> save_steps,
+                                                             std::optional<double> save_secs);
+  ~MemcpyYardstickHook() override;
+
+  /// Measures at the session's first step, where the saver saves too.
+  Status after_create_session(int64_t global_step) override;
+  /// Measures when the save schedule is due at this step.
+  Status after_run(RunContext& context, const RunValues& values) override;
+  /// Measures when no measurement was taken at the last step (the saver's final save).
+  Status end(int64_t global_step) override;
+
+  /// Seconds of the memcpy taken just before the save of each step.
+  const std::map<int64_t, double>& seconds_by_step() const { return seconds_by_step_; }
+
+ private:
+  MemcpyYardstickHook(const TensorRegistry* registry, SecondOrStepTimer timer);
+  void Measure(int64_t step);
+
+  const TensorRegistry* const registry_;
+  SecondOrStepTimer timer_;
+  std::unique_ptr<uint8_t[]> destination_;
+  std::map<int64_t, double> seconds_by_step_;
+};
+
+/// Seconds for one plain parallel memcpy (oneTBB, 4 MiB pieces) of every tensor in `registry`
+/// into `destination`, which holds at least registry.total_bytes().
+double TimeStateMemcpy(const TensorRegistry& registry, uint8_t* destination);
+
+}  // namespace asyncckpt::cli
