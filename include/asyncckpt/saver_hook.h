@@ -85,7 +85,8 @@ Status ValidateSaverOptions(const SaverOptions& options);
 struct SaveStats {
   /// The global step saved.
   int64_t step = 0;
-  /// The committed checkpoint's path (empty when the save failed).
+  /// The committed checkpoint directory's path; empty when the save failed before its directory
+  /// was committed. Set with a failed status when only the state file update failed afterwards.
   std::string path;
   /// OK, or why the save failed (nothing was committed then).
   Status status;
@@ -198,8 +199,8 @@ class AsyncCheckpointSaverHook : public SessionRunHook {
   Status after_run(RunContext& context, const RunValues& values) override;
   Status end(int64_t global_step) override;
 
-  /// Blocks until every save submitted so far is committed or failed; the first failure not yet
-  /// reported.
+  /// Blocks until every save submitted so far is committed or failed; the first failure so far
+  /// (end() reports it too).
   Status wait_until_saved();
   /// Totals so far (thread-safe).
   SaverTotals totals() const;

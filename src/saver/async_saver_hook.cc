@@ -91,7 +91,8 @@ class AsyncCheckpointSaverHook::Impl {
     if (engine_) engine_->WaitAll();
     (void)Poll(nullptr);
     std::lock_guard lock(mu_);
-    return std::exchange(first_error_, Status::OK());
+    // Kept, not cleared: a caller that waited and went on must still see end() fail.
+    return first_error_;
   }
 
   Status End(int64_t step) {

@@ -548,6 +548,32 @@ TEST_F(AsyncSaverHookTest, ExceptionFromTheFileSystemBecomesTheSaveFailure) {
   ExpectHoldsStep(Path(2), 2);
 }
 
+TEST_F(AsyncSaverHookTest, EndStillReportsAFailureThatWaitUntilSavedReturned) {
+  auto slot = std::make_shared<ThrowingFileSystem*>(nullptr);
+  SetSaverFileSystemFactoryForTesting([slot](const SaverOptions&) {
+    auto fs = std::make_unique<ThrowingFileSystem>(io::NewPosixFileSystem());
+    *slot = fs.get();
+    return fs;
+  });
+  auto hook = AsyncCheckpointSaverHook::Create(Options(1), &registry_, {});
+  ASSERT_TRUE(hook.ok());
+  SetState(0);
+  ASSERT_TRUE((*hook)->begin().ok());
+  ASSERT_TRUE((*hook)->after_create_session(0).ok());
+  ASSERT_TRUE((*hook)->wait_until_saved().ok());
+  (*slot)->armed = true;
+  SetState(1);
+  RunContext context(1);
+  ASSERT_TRUE((*hook)->after_run(context, RunValues{}).ok());
+  const Status waited = (*hook)->wait_until_saved();
+  EXPECT_EQ(waited.code(), StatusCode::kInternal) << waited.ToString();
+  // A caller that waited and went on must still see the job's end fail.
+  const Status ended = (*hook)->end(1);
+  EXPECT_EQ(ended.code(), StatusCode::kInternal) << ended.ToString();
+  EXPECT_NE(ended.message().find("write path exploded"), std::string::npos) << ended.ToString();
+  EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "model.ckpt-0"}));
+}
+
 TEST_F(AsyncSaverHookTest, ExceptionFromADeviceCopyBecomesTheSaveFailure) {
   auto device = std::make_shared<ThrowingDevice>();
   TensorRegistry registry;
