@@ -4,6 +4,7 @@
 #include "asyncckpt/input_pipeline.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -133,9 +134,15 @@ Result<std::set<int64_t>> RetainedSteps(const std::string& dir, const std::strin
   const std::string prefix = basename + "-";
   for (const std::string& name : state->all_model_checkpoint_paths) {
     if (name.rfind(prefix, 0) != 0) continue;
-    const std::string digits = name.substr(prefix.size());
-    if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
-    steps.insert(std::stoll(digits));
+    const std::string_view digits = std::string_view(name).substr(prefix.size());
+    int64_t step = 0;
+    auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
+    // Another job's names, and steps no int64 holds, name no checkpoint of this job.
+    if (digits.empty() || error != std::errc() || end != digits.data() + digits.size() ||
+        step < 0) {
+      continue;
+    }
+    steps.insert(step);
   }
   return steps;
 }
@@ -196,11 +203,13 @@ class CheckpointInputPipelineHook::Impl {
     RETURN_IF_ERROR(Restore(path));
     restored_from_ = path;
     schedule_.mark(start_step_);
+    schedule_.mark_saved(start_step_);
     return Status::OK();
   }
 
   Status Save(int64_t step) {
     schedule_.mark(step);
+    schedule_.mark_saved(step);
     if (iterator_->has_external_state()) {
       const std::string why = "the input iterator depends on external state it cannot save";
       if (options_.external_state_policy == ExternalStatePolicy::kFail) {

@@ -3,7 +3,6 @@
 
 #include <chrono>
 #include <mutex>
-#include <optional>
 #include <vector>
 
 #include "asyncckpt/saver_hook.h"
@@ -61,7 +60,7 @@ class AsyncCheckpointSaverHook::Impl {
                            for (auto* listener : listeners_) listener->before_save(step);
                          },
                          &blocked));
-    if (outcome == SubmitOutcome::kSubmitted) last_submitted_step_ = step;
+    if (outcome == SubmitOutcome::kSubmitted) schedule_.mark_saved(step);
     std::lock_guard lock(mu_);
     if (outcome == SubmitOutcome::kSkipped) {
       ++totals_.saves_skipped;
@@ -97,10 +96,8 @@ class AsyncCheckpointSaverHook::Impl {
 
   Status End(int64_t step) {
     Status status;
-    // Not schedule_.final_save_needed: the schedule counts a skipped save as triggered, but its
-    // state was never saved. The end saves it, waiting for staging rather than skipping, as no
-    // later trigger would retry it.
-    if (last_submitted_step_ != step) {
+    // A skipped save of this step is retried here, waiting for staging: no later trigger would.
+    if (schedule_.final_save_needed(step)) {
       status = Save(step, /*may_skip=*/false);
     }
     Status saved = WaitUntilSaved();
@@ -138,7 +135,6 @@ class AsyncCheckpointSaverHook::Impl {
   const TensorRegistry* registry_;
   std::vector<CheckpointSaverListener*> listeners_;
   SaveSchedule schedule_;
-  std::optional<int64_t> last_submitted_step_;  // training thread only
   SaverStorage storage_;
   std::unique_ptr<Engine> engine_;
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,14 +25,18 @@ class SaveSchedule {
   static Result<SaveSchedule> Create(const SaverOptions& options);
   /// True when a save is due after the step that made global step `step`.
   bool due(int64_t step) const { return timer_.should_trigger_for_step(step); }
-  /// Records a save (or a skipped save's attempt) at `step`.
+  /// Records a save's attempt at `step`, saved or skipped: the next one is due N steps or
+  /// seconds later.
   void mark(int64_t step) { (void)timer_.update_last_triggered_step(step); }
-  /// True when the end of the session must still save `step`.
-  bool final_save_needed(int64_t step) const { return timer_.last_triggered_step() != step; }
+  /// Records that the state of `step` was saved (a skipped save's was not).
+  void mark_saved(int64_t step) { last_saved_step_ = step; }
+  /// True when the end of the session must still save `step`: its state was not saved.
+  bool final_save_needed(int64_t step) const { return last_saved_step_ != step; }
 
  private:
   explicit SaveSchedule(SecondOrStepTimer timer) : timer_(std::move(timer)) {}
   SecondOrStepTimer timer_;
+  std::optional<int64_t> last_saved_step_;
 };
 
 /// The file system and retention manager of a saver, ready after Start().

@@ -33,6 +33,7 @@ class CheckpointSaverHook::Impl {
   // Saves `step`; *stop is set when a listener asks the loop to stop.
   Status Save(int64_t step, bool* stop) {
     schedule_.mark(step);
+    schedule_.mark_saved(step);
     for (auto* listener : listeners_) listener->before_save(step);
     const auto start = std::chrono::steady_clock::now();
     SaveStats stats;

@@ -656,6 +656,14 @@ TEST_F(InputPipelineTest, NewestCompleteStepPicksTheNewestStepBothHave) {
   // A worker's input checkpoints are in its own state file.
   write("checkpoint_input_worker_1", "input_worker_1.ckpt", {0, 5});
   EXPECT_EQ(newest("input_worker_1.ckpt"), 5);
+  // A step no int64 holds names no checkpoint of this job; it must not throw.
+  {
+    CheckpointState state;
+    state.all_model_checkpoint_paths = {"input.ckpt-99999999999999999999", "input.ckpt-5"};
+    state.model_checkpoint_path = "input.ckpt-5";
+    ASSERT_TRUE(WriteCheckpointState(*posix, dir_, state, "checkpoint_input").ok());
+  }
+  EXPECT_EQ(newest(), 5);
   // A state file that does not parse is an error, not a fresh job.
   WriteBytes(dir_ + "/checkpoint_input", "this is not a state file\n");
   auto broken = NewestCompleteStep(dir_, "model.ckpt", "input.ckpt");
