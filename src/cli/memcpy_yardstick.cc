@@ -49,10 +49,9 @@ double TimeStateMemcpy(const TensorRegistry& registry, uint8_t* destination) {
 }
 
 Result<std::unique_ptr<MemcpyYardstickHook>> MemcpyYardstickHook::Create(
-    const TensorRegistry* registry, std::optional<int64_t> save_steps,
-    std::optional<double> save_secs) {
-  ASSIGN_OR_RETURN(SecondOrStepTimer timer, SecondOrStepTimer::Create(save_steps, save_secs));
-  std::unique_ptr<MemcpyYardstickHook> hook(new MemcpyYardstickHook(registry, std::move(timer)));
+    const TensorRegistry* registry, const SaverOptions& saver) {
+  ASSIGN_OR_RETURN(SaveSchedule schedule, SaveSchedule::Create(saver));
+  std::unique_ptr<MemcpyYardstickHook> hook(new MemcpyYardstickHook(registry, std::move(schedule)));
   const uint64_t bytes = std::max<uint64_t>(registry->total_bytes(), 1);
   hook->destination_.reset(new (std::nothrow) uint8_t[bytes]);
   if (!hook->destination_) {
@@ -65,13 +64,14 @@ Result<std::unique_ptr<MemcpyYardstickHook>> MemcpyYardstickHook::Create(
   return hook;
 }
 
-MemcpyYardstickHook::MemcpyYardstickHook(const TensorRegistry* registry, SecondOrStepTimer timer)
-    : registry_(registry), timer_(std::move(timer)) {}
+MemcpyYardstickHook::MemcpyYardstickHook(const TensorRegistry* registry, SaveSchedule schedule)
+    : registry_(registry), schedule_(std::move(schedule)) {}
 
 MemcpyYardstickHook::~MemcpyYardstickHook() = default;
 
 void MemcpyYardstickHook::Measure(int64_t step) {
-  (void)timer_.update_last_triggered_step(step);
+  schedule_.mark(step);
+  schedule_.mark_saved(step);
   seconds_by_step_[step] = TimeStateMemcpy(*registry_, destination_.get());
 }
 
@@ -82,12 +82,12 @@ Status MemcpyYardstickHook::after_create_session(int64_t global_step) {
 
 Status MemcpyYardstickHook::after_run(RunContext& context, const RunValues& values) {
   (void)values;
-  if (timer_.should_trigger_for_step(context.step())) Measure(context.step());
+  if (schedule_.due(context.step())) Measure(context.step());
   return Status::OK();
 }
 
 Status MemcpyYardstickHook::end(int64_t global_step) {
-  if (seconds_by_step_.count(global_step) == 0) Measure(global_step);
+  if (schedule_.final_save_needed(global_step)) Measure(global_step);
   return Status::OK();
 }
 

@@ -6,26 +6,25 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <optional>
 
 #include "asyncckpt/hooks.h"
+#include "asyncckpt/saver_hook.h"
 #include "asyncckpt/tensor.h"
-#include "asyncckpt/timer.h"
+#include "src/saver/saver_common.h"
 
 namespace asyncckpt::cli {
 
 /// Times a plain parallel memcpy of every registered tensor (host memory) into a buffer of the
 /// same size, whenever the saver placed after it in the hook list is about to save: at
-/// after_create_session, at each step its own timer (the saver's save_steps / save_secs) fires,
-/// and at end() for a final save. On a shared machine memory bandwidth drifts by 2x within
+/// after_create_session, at each step the saver's schedule (its SaverOptions) is due, and at
+/// end() for a final save. On a shared machine memory bandwidth drifts by 2x within
 /// seconds, so a yardstick taken next to each save, not once at the end, is the fair one.
 class MemcpyYardstickHook final : public SessionRunHook {
  public:
   /// Allocates and touches the destination buffer (the state's size) up front; InvalidArgument
   /// when the schedule is invalid, Unavailable when the buffer cannot be allocated.
   static Result<std::unique_ptr<MemcpyYardstickHook>> Create(const TensorRegistry* registry,
-                                                             std::optional<int64_t> save_steps,
-                                                             std::optional<double> save_secs);
+                                                             const SaverOptions& saver);
   ~MemcpyYardstickHook() override;
 
   /// Measures at the session's first step, where the saver saves too.
@@ -39,11 +38,11 @@ class MemcpyYardstickHook final : public SessionRunHook {
   const std::map<int64_t, double>& seconds_by_step() const { return seconds_by_step_; }
 
  private:
-  MemcpyYardstickHook(const TensorRegistry* registry, SecondOrStepTimer timer);
+  MemcpyYardstickHook(const TensorRegistry* registry, SaveSchedule schedule);
   void Measure(int64_t step);
 
   const TensorRegistry* const registry_;
-  SecondOrStepTimer timer_;
+  SaveSchedule schedule_;
   std::unique_ptr<uint8_t[]> destination_;
   std::map<int64_t, double> seconds_by_step_;
 };

@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -341,6 +342,7 @@ Result<std::unique_ptr<CheckpointInputPipelineHook>> MakeInputHook(const TrainSi
   options.max_to_keep = config.saver.max_to_keep;
   options.compression = config.saver.compression;
   options.chunk_bytes = config.saver.chunk_bytes;
+  options.clock = config.saver.clock;
   return CheckpointInputPipelineHook::Create(options, input);
 }
 
@@ -387,6 +389,11 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
   ASSIGN_OR_RETURN(summary->start_step, RestoreIfPresent(config, registry));
 
   ASSIGN_OR_RETURN(auto input, OpenInput(config));
+  // Every hook's save_secs timer reads the time the step ended, not its own moment inside
+  // after_run: otherwise the memcpy or the save before a hook can push it past a trigger the
+  // others missed, and model, input and yardstick go on saving at different steps.
+  auto step_end = std::make_shared<std::atomic<double>>(SystemClockSeconds());
+  config.saver.clock = [step_end] { return step_end->load(); };
   SaveRecorder recorder;
   std::function<SaverTotals()> totals;
   ASSIGN_OR_RETURN(auto hook, MakeSaverHook(config, &registry, &recorder, &totals));
@@ -394,8 +401,7 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
   std::vector<SessionRunHook*> hooks = {hook.get(), input_hook.get()};
   std::unique_ptr<MemcpyYardstickHook> yardstick;
   if (config.memcpy_yardstick) {
-    ASSIGN_OR_RETURN(yardstick, MemcpyYardstickHook::Create(&registry, config.saver.save_steps,
-                                                            config.saver.save_secs));
+    ASSIGN_OR_RETURN(yardstick, MemcpyYardstickHook::Create(&registry, config.saver));
     hooks.insert(hooks.begin(), yardstick.get());  // runs just before the saver
   }
   ASSIGN_OR_RETURN(auto session, MonitoredSession::Create(hooks, summary->start_step));
@@ -412,6 +418,7 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
       if (config.step_ms > 0) {
         std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config.step_ms));
       }
+      step_end->store(SystemClockSeconds());
       return Status::OK();
     });
     if (!status.ok()) break;

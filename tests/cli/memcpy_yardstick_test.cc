@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 namespace asyncckpt::cli {
@@ -39,6 +40,13 @@ class MemcpyYardstickTest : public ::testing::Test {
     return steps;
   }
 
+  static SaverOptions Schedule(std::optional<int64_t> steps, std::optional<double> secs) {
+    SaverOptions options;
+    options.save_steps = steps;
+    options.save_secs = secs;
+    return options;
+  }
+
   std::vector<float> big_, small_;
   TensorRegistry registry_;
 };
@@ -53,7 +61,7 @@ TEST_F(MemcpyYardstickTest, CopiesEveryTensorBackToBackInRegistryOrder) {
 }
 
 TEST_F(MemcpyYardstickTest, MeasuresExactlyWhereTheSaverSavesOnItsStepSchedule) {
-  auto hook = MemcpyYardstickHook::Create(&registry_, 3, std::nullopt);
+  auto hook = MemcpyYardstickHook::Create(&registry_, Schedule(3, std::nullopt));
   ASSERT_TRUE(hook.ok()) << hook.status().ToString();
   ASSERT_TRUE((*hook)->after_create_session(0).ok());
   for (int64_t step = 1; step <= 7; ++step) {
@@ -66,7 +74,7 @@ TEST_F(MemcpyYardstickTest, MeasuresExactlyWhereTheSaverSavesOnItsStepSchedule) 
 }
 
 TEST_F(MemcpyYardstickTest, EndAtASaveStepDoesNotMeasureTwice) {
-  auto hook = MemcpyYardstickHook::Create(&registry_, 2, std::nullopt);
+  auto hook = MemcpyYardstickHook::Create(&registry_, Schedule(2, std::nullopt));
   ASSERT_TRUE(hook.ok()) << hook.status().ToString();
   ASSERT_TRUE((*hook)->after_create_session(10).ok());  // a resumed job
   for (int64_t step = 11; step <= 12; ++step) {
@@ -80,10 +88,10 @@ TEST_F(MemcpyYardstickTest, EndAtASaveStepDoesNotMeasureTwice) {
 }
 
 TEST_F(MemcpyYardstickTest, RejectsAScheduleTheSaverWouldReject) {
-  auto both = MemcpyYardstickHook::Create(&registry_, 3, 1.0);
+  auto both = MemcpyYardstickHook::Create(&registry_, Schedule(3, 1.0));
   ASSERT_FALSE(both.ok());
   EXPECT_EQ(both.status().code(), StatusCode::kInvalidArgument);
-  auto neither = MemcpyYardstickHook::Create(&registry_, std::nullopt, std::nullopt);
+  auto neither = MemcpyYardstickHook::Create(&registry_, Schedule(std::nullopt, std::nullopt));
   EXPECT_FALSE(neither.ok());
 }
 
