@@ -61,7 +61,8 @@ struct SaverOptions {
   OnBusy on_busy = OnBusy::kWait;
   /// Asynchronous hook: what to do when a background save fails.
   OnError on_error = OnError::kStop;
-  /// Asynchronous hook: threads of the background arena; 0 = the machine's cores.
+  /// Asynchronous hook: threads that copy a snapshot (the training thread and N - 1 helpers)
+  /// and that the background arena may use (at most cores - 1); 0 = the machine's cores.
   unsigned background_threads = 0;
   /// Most I/O requests in flight per batch.
   unsigned queue_depth = 64;
@@ -88,7 +89,8 @@ struct SaveStats {
   /// The committed checkpoint directory's path; empty when the save failed before its directory
   /// was committed. Set with a failed status when only the state file update failed afterwards.
   std::string path;
-  /// OK, or why the save failed (nothing was committed then).
+  /// OK, or why the save failed; with `path` set, the directory was committed but the state
+  /// file was not updated.
   Status status;
   /// Bytes of tensor data.
   uint64_t bytes_raw = 0;

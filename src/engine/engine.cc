@@ -179,6 +179,11 @@ class CopyCrew {
   }
   // Runs body(i) for every i in [0, n) on the caller and every helper; returns when all ran.
   void Run(size_t n, const std::function<void(size_t)>& body) {
+    // A wave of one chunk (streaming through a small budget) is not worth waking anyone for.
+    if (n <= 1 || threads_.empty()) {
+      for (size_t i = 0; i < n; ++i) body(i);
+      return;
+    }
     {
       std::lock_guard lock(mu_);
       body_ = &body;
@@ -472,6 +477,7 @@ Result<SubmitOutcome> Engine::Impl::Submit(const CheckpointMetadata& metadata, b
 }
 
 void Engine::Impl::CopyWave(SaveJob& save, std::vector<ChunkPtr>& wave) {
+  if (save.failed) return;  // its chunks pass through the graph empty
   const bool wait_here = !options_.stream_ordered;
   copy_crew_.Run(wave.size(), [&](size_t i) {
     ChunkMsg& msg = *wave[i];

@@ -45,7 +45,8 @@ struct EngineOptions {
   uint64_t staging_bytes = 0;
   /// Ask for O_DIRECT data files.
   bool use_o_direct = false;
-  /// Threads of the background arena; 0 means the machine's cores.
+  /// Snapshot copy threads (the caller and N - 1 helpers), and the background arena's limit
+  /// (at most cores - 1 workers); 0 means the machine's cores.
   unsigned background_threads = 0;
   /// Copies from CUDA tensors return without waiting for the device (stream-ordered mode);
   /// the graph waits for the copies before encoding.
