@@ -1,7 +1,7 @@
 // What the staging pool costs a save per chunk: one lease and one return, first-fit over a free
 // list that other saves in flight may have fragmented, with the copy threads contending for it.
-// (The snapshot copy itself, against a plain parallel memcpy, is measured by `asyncckpt
-// train-sim`, which reports both.)
+// (The snapshot copy itself, against a plain memcpy, is copy_bench's; a whole save against a
+// whole-state memcpy is `asyncckpt train-sim`'s.)
 
 #include <benchmark/benchmark.h>
 

@@ -5,7 +5,8 @@
 //
 //   <basename>-<step>/
 //     index                      header | body | footer (all little-endian)
-//     data-00000-of-00002        chunk payloads, back to back, no framing
+//     data-00000-of-00002        chunk payloads, no framing: back to back, or (engine, O_DIRECT)
+//                                each at a 4096-byte boundary with zero gaps; the index says where
 //     data-00001-of-00002
 //
 // The index names every chunk (tensor, offset in the tensor, data file, offset in the file,

@@ -15,6 +15,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "src/util/byte_buffer.h"
 #include "src/util/io_status.h"
 #include "src/util/status_macros.h"
 
@@ -45,8 +46,8 @@ Status ValidateWriterOptions(const WriterOptions& options) {
 
 namespace {
 
-// Everything the index needs from the tensors; data pointers are checked only when asked, since
-// the engine assembles its index from tensors whose bytes live in staging buffers.
+// Everything the index needs from the tensors; data pointers only when asked (assembling an
+// index reads names, types and shapes, never the bytes).
 Status CheckTensors(std::span<const HostTensor> tensors, bool check_data) {
   if (tensors.size() > UINT32_MAX) {
     return Status::InvalidArgument("too many tensors: " + std::to_string(tensors.size()));
@@ -136,8 +137,7 @@ Result<codec::EncodedChunk> EncodeChunk(const HostTensor& tensor, const ChunkJob
                        DTypeSize(tensor.dtype), options, scratch, out);
 }
 
-// ---- DataFileAppender
-// ----------------------------------------------------------------------------
+// ---- DataFileAppender --------------------------------------------------------------------------
 
 void DataFileAppender::AlignedFree::operator()(uint8_t* p) const { std::free(p); }
 
@@ -205,8 +205,7 @@ Status DataFileAppender::finish() {
   return ToStatus(file_->sync());
 }
 
-// ---- index
-// -----------------------------------------------------------------------------------------
+// ---- index -------------------------------------------------------------------------------------
 
 Result<Index> AssembleIndex(std::span<const HostTensor> tensors, const CheckpointMetadata& metadata,
                             uint32_t num_data_files, std::span<const ChunkJob> jobs,
@@ -257,8 +256,7 @@ Status WriteIndexFile(io::FileSystem& fs, const std::string& dir, const Index& i
   return ToStatus(file->sync());
 }
 
-// ---- the synchronous writer
-// -----------------------------------------------------------------------
+// ---- the synchronous writer --------------------------------------------------------------------
 
 namespace {
 
@@ -266,18 +264,11 @@ namespace {
 // nothing leaks when the pipeline is cancelled and buffers are allocated once per slot.
 struct InFlight {
   size_t job = 0;
-  std::unique_ptr<uint8_t[]> out;
-  size_t capacity = 0;
+  ByteBuffer out;
   codec::EncodedChunk encoded;
   Status status;
 
-  std::span<uint8_t> Reserve(size_t n) {
-    if (n > capacity) {
-      out = std::make_unique_for_overwrite<uint8_t[]>(n);
-      capacity = n;
-    }
-    return {out.get(), n};
-  }
+  std::span<uint8_t> Reserve(size_t n) { return {out.reserve(n), n}; }
 };
 
 class SyncWriter {
