@@ -116,6 +116,8 @@ struct InputPipelineOptions {
   /// Pinned staging budget; 0 sizes it from the iterator's max_state_bytes() (or twice the
   /// first snapshot when the iterator cannot tell).
   uint64_t staging_bytes = 0;
+  /// Use the POSIX I/O backend even where io_uring works (as SaverOptions::force_posix_io).
+  bool force_posix_io = false;
   /// Time source for save_secs and retention.
   Clock clock = SystemClockSeconds;
 };

@@ -342,6 +342,7 @@ Result<std::unique_ptr<CheckpointInputPipelineHook>> MakeInputHook(const TrainSi
   options.max_to_keep = config.saver.max_to_keep;
   options.compression = config.saver.compression;
   options.chunk_bytes = config.saver.chunk_bytes;
+  options.force_posix_io = config.saver.force_posix_io;
   options.clock = config.saver.clock;
   return CheckpointInputPipelineHook::Create(options, input);
 }

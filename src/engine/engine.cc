@@ -698,6 +698,20 @@ void Engine::Impl::RemoveTemporary(SaveJob& save) {
   }
 }
 
+EngineOptions EngineOptionsFor(const SaverOptions& saver) {
+  EngineOptions options;
+  options.checkpoint_dir = saver.checkpoint_dir;
+  options.basename = saver.basename;
+  options.chunk_bytes = saver.chunk_bytes;
+  options.num_data_files = saver.num_data_files;
+  options.compression = saver.compression;
+  options.staging_bytes = saver.staging_bytes;
+  options.use_o_direct = saver.use_o_direct;
+  options.background_threads = saver.background_threads;
+  options.stream_ordered = saver.cuda_stream_ordered;
+  return options;
+}
+
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, io::FileSystem* fs,
                                                CheckpointManager* manager,
                                                const TensorRegistry* registry, DoneFn on_done) {

@@ -56,6 +56,9 @@ struct EngineOptions {
   bool high_priority = false;
 };
 
+/// The engine options a saver's options give (the fields both have, same meaning).
+EngineOptions EngineOptionsFor(const SaverOptions& saver);
+
 /// Whether Submit took the snapshot.
 enum class SubmitOutcome { kSubmitted, kSkipped };
 

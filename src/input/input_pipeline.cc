@@ -119,6 +119,7 @@ SaverOptions AsSaverOptions(const InputPipelineOptions& options) {
   saver.num_data_files = 1;
   saver.compression = options.compression;
   saver.staging_bytes = options.staging_bytes;
+  saver.force_posix_io = options.force_posix_io;
   saver.clock = options.clock;
   return saver;
 }
@@ -260,12 +261,7 @@ class CheckpointInputPipelineHook::Impl {
  private:
   Status EnsureEngine() {
     if (engine_) return Status::OK();
-    EngineOptions engine_options;
-    engine_options.checkpoint_dir = options_.checkpoint_dir;
-    engine_options.basename = saver_options_.basename;
-    engine_options.chunk_bytes = options_.chunk_bytes;
-    engine_options.num_data_files = 1;
-    engine_options.compression = options_.compression;
+    EngineOptions engine_options = EngineOptionsFor(saver_options_);
     engine_options.background_threads = 1;
     // Its saves are small: they must not wait behind the model's large ones for a worker, or a
     // crash finds the input's checkpoint of a step missing long after the model's committed.
@@ -336,8 +332,9 @@ Result<std::unique_ptr<CheckpointInputPipelineHook>> CheckpointInputPipelineHook
   if (options.num_workers > 1 && options.task_type.empty()) {
     return Status::InvalidArgument("task_type must be set when num_workers > 1");
   }
-  RETURN_IF_ERROR(ValidateSaverOptions(AsSaverOptions(options)));
-  ASSIGN_OR_RETURN(SaveSchedule schedule, SaveSchedule::Create(AsSaverOptions(options)));
+  const SaverOptions saver = AsSaverOptions(options);
+  RETURN_IF_ERROR(ValidateSaverOptions(saver));
+  ASSIGN_OR_RETURN(SaveSchedule schedule, SaveSchedule::Create(saver));
   return std::unique_ptr<CheckpointInputPipelineHook>(new CheckpointInputPipelineHook(
       std::make_unique<Impl>(std::move(options), iterator, std::move(schedule))));
 }

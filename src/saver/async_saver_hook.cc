@@ -30,19 +30,9 @@ class AsyncCheckpointSaverHook::Impl {
       std::lock_guard lock(mu_);
       totals_.stale_temporaries_removed = std::move(removed);
     }
-    EngineOptions engine_options;
-    engine_options.checkpoint_dir = options_.checkpoint_dir;
-    engine_options.basename = options_.basename;
-    engine_options.chunk_bytes = options_.chunk_bytes;
-    engine_options.num_data_files = options_.num_data_files;
-    engine_options.compression = options_.compression;
-    engine_options.staging_bytes = options_.staging_bytes;
-    engine_options.use_o_direct = options_.use_o_direct;
-    engine_options.background_threads = options_.background_threads;
-    engine_options.stream_ordered = options_.cuda_stream_ordered;
-    ASSIGN_OR_RETURN(engine_,
-                     Engine::Create(engine_options, storage_.fs.get(), storage_.manager.get(),
-                                    registry_, [this](const SaveStats& stats) { OnDone(stats); }));
+    ASSIGN_OR_RETURN(engine_, Engine::Create(EngineOptionsFor(options_), storage_.fs.get(),
+                                             storage_.manager.get(), registry_,
+                                             [this](const SaveStats& stats) { OnDone(stats); }));
     for (auto* listener : listeners_) listener->begin();
     return Status::OK();
   }
