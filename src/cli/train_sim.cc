@@ -288,6 +288,20 @@ Result<std::unique_ptr<SessionRunHook>> MakeSaverHook(const TrainSimConfig& conf
   return std::unique_ptr<SessionRunHook>(std::move(hook).value());
 }
 
+// The input hook's options: its schedule, retention and codec follow the model saver's.
+InputPipelineOptions InputOptions(const TrainSimConfig& config) {
+  InputPipelineOptions options;
+  options.checkpoint_dir = config.saver.checkpoint_dir;
+  options.save_steps = config.saver.save_steps;
+  options.save_secs = config.saver.save_secs;
+  options.max_to_keep = config.saver.max_to_keep;
+  options.compression = config.saver.compression;
+  options.chunk_bytes = config.saver.chunk_bytes;
+  options.force_posix_io = config.saver.force_posix_io;
+  options.clock = config.saver.clock;
+  return options;
+}
+
 // Restores the model at the newest step that has both a model and an input checkpoint, so the
 // input resumes at exactly that step. Model checkpoints newer than that (their input checkpoint
 // was still being written when the job died) are not used: resuming from one would replay the
@@ -299,9 +313,9 @@ Result<int64_t> RestoreIfPresent(const TrainSimConfig& config, const TensorRegis
     if (latest.status().code() == StatusCode::kNotFound) return int64_t{0};
     return latest.status();
   }
+  const std::string input_basename = InputCheckpointBasename(InputOptions(config));
   ASSIGN_OR_RETURN(std::optional<int64_t> common,
-                   NewestCompleteStep(dir, config.saver.basename,
-                                      InputCheckpointBasename(InputPipelineOptions{})));
+                   NewestCompleteStep(dir, config.saver.basename, input_basename));
   if (!common) {
     std::fprintf(stderr,
                  "train-sim: %s has model checkpoints but none with an input checkpoint of the "
@@ -313,9 +327,9 @@ Result<int64_t> RestoreIfPresent(const TrainSimConfig& config, const TensorRegis
   ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(path));
   RETURN_IF_ERROR(reader->restore(registry).WithContext("restoring " + path));
   std::fprintf(stderr,
-               "train-sim: resuming at step %" PRId64 " from %s and %s/input.ckpt-%" PRId64
+               "train-sim: resuming at step %" PRId64 " from %s and %s/%s-%" PRId64
                " (the newest step with both a model and an input checkpoint)\n",
-               *common, path.c_str(), dir.c_str(), *common);
+               *common, path.c_str(), dir.c_str(), input_basename.c_str(), *common);
   return reader->metadata().step;
 }
 
@@ -335,16 +349,7 @@ Result<std::unique_ptr<RecordDatasetIterator>> OpenInput(TrainSimConfig& config)
 
 Result<std::unique_ptr<CheckpointInputPipelineHook>> MakeInputHook(const TrainSimConfig& config,
                                                                    RecordDatasetIterator* input) {
-  InputPipelineOptions options;
-  options.checkpoint_dir = config.saver.checkpoint_dir;
-  options.save_steps = config.saver.save_steps;
-  options.save_secs = config.saver.save_secs;
-  options.max_to_keep = config.saver.max_to_keep;
-  options.compression = config.saver.compression;
-  options.chunk_bytes = config.saver.chunk_bytes;
-  options.force_posix_io = config.saver.force_posix_io;
-  options.clock = config.saver.clock;
-  return CheckpointInputPipelineHook::Create(options, input);
+  return CheckpointInputPipelineHook::Create(InputOptions(config), input);
 }
 
 uint64_t IteratorDigest(RecordDatasetIterator& input) {
