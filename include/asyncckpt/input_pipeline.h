@@ -155,6 +155,9 @@ class CheckpointInputPipelineHook : public SessionRunHook {
   const std::string& restored_from() const;
   /// Input checkpoints committed so far.
   int64_t saves_committed() const;
+  /// Blocks until every save started so far is committed or failed; the first failure so far
+  /// (end() reports it too).
+  Status wait_until_saved();
 
   /// Internal state (defined in the source file).
   class Impl;

@@ -244,10 +244,14 @@ class CheckpointInputPipelineHook::Impl {
     Status status;
     if (!restore_done_) status = RestoreOrSaveInitial();
     if (status.ok() && schedule_.final_save_needed(step)) status = Save(step);
+    Status saved = WaitUntilSaved();
+    return status.ok() ? saved : status;
+  }
+
+  Status WaitUntilSaved() {
     if (engine_) engine_->WaitAll();
     std::lock_guard lock(mu_);
-    if (status.ok()) status = failure_;
-    return status;
+    return failure_;
   }
 
   bool restore_done() const { return restore_done_; }
@@ -370,5 +374,7 @@ const std::string& CheckpointInputPipelineHook::restored_from() const {
 }
 
 int64_t CheckpointInputPipelineHook::saves_committed() const { return impl_->saves_committed(); }
+
+Status CheckpointInputPipelineHook::wait_until_saved() { return impl_->WaitUntilSaved(); }
 
 }  // namespace asyncckpt

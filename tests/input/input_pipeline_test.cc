@@ -8,20 +8,16 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
-#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "asyncckpt/reader.h"
@@ -32,6 +28,7 @@
 #include "src/saver/saver_common.h"
 #include "src/state/checkpoint_state.h"
 #include "src/util/log.h"
+#include "tests/support/files.h"
 
 namespace asyncckpt {
 namespace {
@@ -39,17 +36,8 @@ namespace {
 namespace fs = std::filesystem;
 using Batch = std::vector<uint8_t>;
 
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
-
-void WriteBytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
+using testing_support::ReadFile;
+using testing_support::WriteFile;
 
 std::set<std::string> ListDir(const std::string& dir) {
   std::set<std::string> names;
@@ -282,12 +270,12 @@ TEST_F(InputPipelineTest, NeverTouchesTheModelsStateFileOrCheckpoints) {
   model.model_checkpoint_path = "model.ckpt-5";
   model.all_model_checkpoint_paths = {"model.ckpt-5"};
   model.all_model_checkpoint_timestamps = {1.5};
-  WriteBytes(dir_ + "/checkpoint", SerializeCheckpointState(model));
-  WriteBytes(dir_ + "/model.ckpt-5/index", "fake index bytes");
-  WriteBytes(dir_ + "/model.ckpt-5/data-00000-of-00001", std::string(1000, 'm'));
-  WriteBytes(dir_ + "/model.ckpt-9.tmp-0123456789abcdef/data", "half written model");
+  WriteFile(dir_ + "/checkpoint", SerializeCheckpointState(model));
+  WriteFile(dir_ + "/model.ckpt-5/index", "fake index bytes");
+  WriteFile(dir_ + "/model.ckpt-5/data-00000-of-00001", std::string(1000, 'm'));
+  WriteFile(dir_ + "/model.ckpt-9.tmp-0123456789abcdef/data", "half written model");
   const std::set<std::string> before = ListDir(dir_);
-  const std::string state_bytes = ReadBytes(dir_ + "/checkpoint");
+  const std::string state_bytes = ReadFile(dir_ + "/checkpoint");
 
   auto input = OpenInput();
   ASSERT_NE(input, nullptr);
@@ -299,10 +287,10 @@ TEST_F(InputPipelineTest, NeverTouchesTheModelsStateFileOrCheckpoints) {
   ASSERT_TRUE(log.status.ok()) << log.status.ToString();
   EXPECT_EQ(hook->saves_committed(), 5);
 
-  EXPECT_EQ(ReadBytes(dir_ + "/checkpoint"), state_bytes);
-  EXPECT_EQ(ReadBytes(dir_ + "/model.ckpt-5/index"), "fake index bytes");
-  EXPECT_EQ(ReadBytes(dir_ + "/model.ckpt-5/data-00000-of-00001"), std::string(1000, 'm'));
-  EXPECT_EQ(ReadBytes(dir_ + "/model.ckpt-9.tmp-0123456789abcdef/data"), "half written model");
+  EXPECT_EQ(ReadFile(dir_ + "/checkpoint"), state_bytes);
+  EXPECT_EQ(ReadFile(dir_ + "/model.ckpt-5/index"), "fake index bytes");
+  EXPECT_EQ(ReadFile(dir_ + "/model.ckpt-5/data-00000-of-00001"), std::string(1000, 'm'));
+  EXPECT_EQ(ReadFile(dir_ + "/model.ckpt-9.tmp-0123456789abcdef/data"), "half written model");
   std::set<std::string> after;
   for (const std::string& name : ListDir(dir_)) {
     if (name.rfind("input.ckpt-", 0) != 0 && name != kInputStateFileName) after.insert(name);
@@ -605,16 +593,18 @@ TEST_F(InputPipelineTest, BackgroundSaveFailureStopsTheLoopAndEndReturnsIt) {
   ASSERT_NE(faults, nullptr);
   faults->fail_ops_matching("input.ckpt-4", EIO);
   int64_t steps = 0;
-  Status status = (*session)->run_until(200, [&](StepContext&) {
+  Status status = (*session)->run_until(200, [&](StepContext& ctx) {
     ++steps;
-    // Steps as slow as a real job's leave the failed save time to be noticed.
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    // The save of step 4 has failed in the background by now: the loop stops after this step.
+    if (ctx.step() == 5) {
+      EXPECT_FALSE(hook->wait_until_saved().ok());
+    }
     Batch batch;
     return input->next_batch(4, &batch);
   });
   EXPECT_FALSE(status.ok());
   EXPECT_NE(status.message().find("input.ckpt-4"), std::string::npos) << status.ToString();
-  EXPECT_LT(steps, 200) << "a failed input save must stop the loop";
+  EXPECT_EQ(steps, 5) << "a failed input save must stop the loop at the next after_run";
   EXPECT_FALSE(IsDir(dir_ + "/input.ckpt-4"));
   EXPECT_TRUE(IsDir(dir_ + "/input.ckpt-2"));
 }
@@ -665,7 +655,7 @@ TEST_F(InputPipelineTest, NewestCompleteStepPicksTheNewestStepBothHave) {
   }
   EXPECT_EQ(newest(), 5);
   // A state file that does not parse is an error, not a fresh job.
-  WriteBytes(dir_ + "/checkpoint_input", "this is not a state file\n");
+  WriteFile(dir_ + "/checkpoint_input", "this is not a state file\n");
   auto broken = NewestCompleteStep(dir_, "model.ckpt", "input.ckpt");
   EXPECT_EQ(broken.status().code(), StatusCode::kCorruption) << broken.status().ToString();
 }
