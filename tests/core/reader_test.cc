@@ -7,8 +7,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <list>
 #include <random>
 #include <thread>
@@ -18,23 +16,15 @@
 #include "src/format/writer.h"
 #include "src/state/checkpoint_state.h"
 #include "src/util/log.h"
+#include "tests/support/files.h"
 
 namespace asyncckpt {
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::SizeIs;
-
-std::vector<uint8_t> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
-
-void WriteWholeFile(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()),
-            static_cast<std::streamsize>(bytes.size()));
-}
+using testing_support::ReadFileBytes;
+using testing_support::WriteFile;
 
 // A device whose memory is ordinary host memory but which the reader must treat as a device:
 // restore has to go through allocate_pinned and copy_from_host.
@@ -109,7 +99,7 @@ class ReaderTest : public ::testing::Test {
   }
 
   format::Index ParsedIndex() {
-    const std::vector<uint8_t> bytes = ReadWholeFile(dir_ + "/index");
+    const std::vector<uint8_t> bytes = ReadFileBytes(dir_ + "/index");
     Result<format::Index> index = format::ParseIndex(bytes, "index");
     EXPECT_TRUE(index.ok()) << index.status().ToString();
     return index.ok() ? *index : format::Index{};
@@ -128,9 +118,9 @@ class ReaderTest : public ::testing::Test {
     const format::Index index = ParsedIndex();
     const format::ChunkEntry& c = Entry(index, name).chunks.at(chunk);
     const std::string file = format::DataFileName(c.file_index, index.num_data_files);
-    std::vector<uint8_t> bytes = ReadWholeFile(dir_ + "/" + file);
+    std::vector<uint8_t> bytes = ReadFileBytes(dir_ + "/" + file);
     bytes.at(c.file_offset + c.stored_bytes / 2) ^= 0x10;
-    WriteWholeFile(dir_ + "/" + file, bytes);
+    WriteFile(dir_ + "/" + file, bytes);
     return file;
   }
 
@@ -290,9 +280,9 @@ TEST_F(ReaderTest, MissingDirectoryOrIndexIsNotFound) {
 
 TEST_F(ReaderTest, DamagedIndexIsCorruptionNamingIt) {
   Write({Make("a", DType::kF32, {10})});
-  std::vector<uint8_t> bytes = ReadWholeFile(dir_ + "/index");
+  std::vector<uint8_t> bytes = ReadFileBytes(dir_ + "/index");
   bytes[bytes.size() / 2] ^= 1;
-  WriteWholeFile(dir_ + "/index", bytes);
+  WriteFile(dir_ + "/index", bytes);
   Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir_, Posix());
   EXPECT_EQ(reader.status().code(), StatusCode::kCorruption);
   EXPECT_THAT(reader.status().message(), HasSubstr(dir_ + "/index"));

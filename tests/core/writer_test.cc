@@ -8,24 +8,19 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <list>
 #include <numeric>
 #include <random>
 
 #include "io/fault_injection_file_system.h"
 #include "io/file_system.h"
+#include "tests/support/files.h"
 
 namespace asyncckpt::format {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::vector<uint8_t> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
-}
+using testing_support::ReadFileBytes;
 
 class WriterTest : public ::testing::Test {
  protected:
@@ -63,7 +58,7 @@ class WriterTest : public ::testing::Test {
   }
 
   Result<Index> ReadIndex(uint32_t n) {
-    const std::vector<uint8_t> bytes = ReadWholeFile(dir_ + "/index");
+    const std::vector<uint8_t> bytes = ReadFileBytes(dir_ + "/index");
     return DecodeIndex(bytes, dir_ + "/index", DataFileSizes(n));
   }
 
@@ -221,8 +216,8 @@ TEST_F(WriterTest, RawChunksHoldTheTensorBytesAtTheirOffsets) {
   ASSERT_TRUE(WriteCheckpointFiles(*fs_, dir_, tensors, {}, options).ok());
   Result<Index> index = ReadIndex(2);
   ASSERT_TRUE(index.ok());
-  const std::vector<uint8_t> files[] = {ReadWholeFile(dir_ + "/" + DataFileName(0, 2)),
-                                        ReadWholeFile(dir_ + "/" + DataFileName(1, 2))};
+  const std::vector<uint8_t> files[] = {ReadFileBytes(dir_ + "/" + DataFileName(0, 2)),
+                                        ReadFileBytes(dir_ + "/" + DataFileName(1, 2))};
   const auto* raw = static_cast<const uint8_t*>(tensors[0].data);
   for (const ChunkEntry& c : index->tensors[0].chunks) {
     ASSERT_EQ(c.codec, codec::Codec::kRaw);
@@ -259,7 +254,7 @@ TEST_F(WriterTest, ODirectFilesHoldExactlyTheirChunks) {
   ASSERT_TRUE(index.ok()) << index.status().ToString();
   const std::vector<uint64_t> sizes = DataFileSizes(2);
   EXPECT_EQ(sizes[0] + sizes[1], stats->bytes_stored);  // padding trimmed
-  const std::vector<uint8_t> file0 = ReadWholeFile(dir_ + "/" + DataFileName(0, 2));
+  const std::vector<uint8_t> file0 = ReadFileBytes(dir_ + "/" + DataFileName(0, 2));
   const auto* raw = static_cast<const uint8_t*>(tensors[0].data);
   for (const ChunkEntry& c : index->tensors[0].chunks) {
     if (c.file_index != 0) continue;
@@ -284,7 +279,7 @@ TEST_F(WriterTest, DataFileAppenderHandsOutBackToBackOffsets) {
     }
     ASSERT_TRUE((*file)->finish().ok());
     EXPECT_EQ((*file)->size(), expected.size());
-    EXPECT_EQ(ReadWholeFile(path), expected)
+    EXPECT_EQ(ReadFileBytes(path), expected)
         << "direct " << direct << " (is_direct " << (*file)->is_direct() << ")";
   }
 }

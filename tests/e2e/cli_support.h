@@ -20,13 +20,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "tests/support/files.h"
 
 extern char** environ;
 
@@ -42,14 +42,6 @@ inline std::string CliPath() {
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) return "";
   return (self.parent_path().parent_path() / "bin" / "asyncckpt").string();
-}
-
-/// The whole content of `path`; "" when it cannot be read.
-inline std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 /// `value` as 16 lower-case hex digits, the way the CLI prints digests.

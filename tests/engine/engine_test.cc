@@ -4,13 +4,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -18,7 +16,9 @@
 #include "asyncckpt/state.h"
 #include "io/file_system.h"
 #include "src/staging/staging_pool.h"
+#include "tests/device/flaky_device.h"
 #include "tests/io/gated_file_system.h"
+#include "tests/io/throwing_file_system.h"
 
 namespace asyncckpt {
 namespace {
@@ -42,23 +42,9 @@ uint64_t ResidentBytes() {
   return resident_pages * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
 }
 
+using testing_support::FlakyDevice;
 using testing_support::GatedFileSystem;
-
-// Throws from write_batch while armed: an exception inside the graph's write node.
-class ThrowingFileSystem final : public io::FileSystemWrapper {
- public:
-  using FileSystemWrapper::FileSystemWrapper;
-  io::IoStatus write_batch(std::span<const io::WriteOp> ops) override {
-    if (armed) throw std::runtime_error("disk controller on fire");
-    return target()->write_batch(ops);
-  }
-  io::IoStatus sync_dir(const std::string& path) override {
-    if (armed_sync_dir) throw std::runtime_error("sync_dir exploded");
-    return target()->sync_dir(path);
-  }
-  std::atomic<bool> armed{false};
-  std::atomic<bool> armed_sync_dir{false};
-};
+using testing_support::ThrowingFileSystem;
 
 // Skips fsync of files and directories: for tests that measure memory over hundreds of saves,
 // where durability is not what is under test and fsync would dominate the run time.
@@ -93,42 +79,6 @@ class NoSyncFileSystem final : public io::FileSystemWrapper {
 
    private:
     std::unique_ptr<io::File> inner_;
-  };
-};
-
-// Host memory, but copies can be made to throw, to fail, or to hand back a failing fence.
-class FlakyDevice final : public Device {
- public:
-  enum class Mode { kOk, kThrow, kFail, kFenceFails };
-  DeviceKind kind() const override { return DeviceKind::kHost; }
-  std::string name() const override { return "flaky"; }
-  Result<PinnedBuffer> allocate_pinned(size_t bytes) override {
-    return HostDevice()->allocate_pinned(bytes);
-  }
-  Result<std::unique_ptr<CopyFence>> copy_to_host_async(const void* src, void* dst,
-                                                        size_t bytes) override {
-    switch (mode.load()) {
-      case Mode::kThrow:
-        throw std::runtime_error("copy engine hung");
-      case Mode::kFail:
-        return Status::IOError("copy failed: ECC error");
-      case Mode::kFenceFails:
-        return std::unique_ptr<CopyFence>(std::make_unique<FailingFence>());
-      case Mode::kOk:
-        break;
-    }
-    return HostDevice()->copy_to_host_async(src, dst, bytes);
-  }
-  Status copy_from_host(const void* src, void* dst, size_t bytes) override {
-    return HostDevice()->copy_from_host(src, dst, bytes);
-  }
-  std::atomic<Mode> mode{Mode::kOk};
-
- private:
-  class FailingFence final : public CopyFence {
-   public:
-    Status wait() override { return Status::IOError("stream reported an illegal address"); }
-    bool ready() override { return true; }
   };
 };
 
@@ -526,7 +476,7 @@ TEST_F(EngineTest, ExceptionFromTheFileSystemFailsThatSaveAndCleansUp) {
   auto done = Done();
   ASSERT_EQ(done.size(), 4u);
   EXPECT_TRUE(done[0].status.ok());
-  EXPECT_NE(done[1].status.message().find("disk controller on fire"), std::string::npos)
+  EXPECT_NE(done[1].status.message().find("write path exploded"), std::string::npos)
       << done[1].status.ToString();
   EXPECT_NE(done[2].status.message().find("sync_dir exploded"), std::string::npos)
       << done[2].status.ToString();

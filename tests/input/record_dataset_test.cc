@@ -10,36 +10,25 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "asyncckpt/input_pipeline.h"
+#include "tests/support/files.h"
 
 namespace asyncckpt {
 namespace {
 
 namespace fs = std::filesystem;
 using Record = std::vector<uint8_t>;
+using testing_support::ReadFile;
+using testing_support::WriteFile;
 
 constexpr size_t kHeaderBytes = 32;
 // A read loop that runs past this many records has lost its end: a test failure, not a hang.
 constexpr size_t kReadCap = 1 << 20;
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
-
-void WriteBytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << bytes;
-}
 
 // The header WriteRecordDataset writes, built independently from the documented layout.
 std::string EncodeHeader(uint64_t num_records, uint32_t record_bytes, const char* magic) {
@@ -98,7 +87,7 @@ class RecordDatasetTest : public ::testing::Test {
     const std::string target = path.empty() ? path_ : path;
     Status written = WriteRecordDataset(target, num_records, record_bytes, seed);
     EXPECT_TRUE(written.ok()) << written.ToString();
-    const std::string bytes = ReadBytes(target);
+    const std::string bytes = ReadFile(target);
     EXPECT_EQ(bytes.size(), kHeaderBytes + num_records * record_bytes);
     std::vector<Record> records;
     for (uint64_t i = 0; i < num_records && bytes.size() >= kHeaderBytes + (i + 1) * record_bytes;
@@ -133,7 +122,7 @@ class RecordDatasetTest : public ::testing::Test {
 TEST_F(RecordDatasetTest, WrittenFileOpensAndYieldsItsRecordsInFileOrder) {
   // 24-byte records: the generator's last word per record is partial.
   const std::vector<Record> file = Write(100, 24);
-  const std::string bytes = ReadBytes(path_);
+  const std::string bytes = ReadFile(path_);
   ASSERT_GE(bytes.size(), kHeaderBytes);
   EXPECT_EQ(bytes.substr(0, 8), "ACKPTDS1");
   EXPECT_EQ(bytes.substr(0, kHeaderBytes), EncodeHeader(100, 24, "ACKPTDS1"));
@@ -152,7 +141,7 @@ TEST_F(RecordDatasetTest, RecordsDependOnTheSeedAndDifferFromEachOther) {
   const std::vector<Record> a = Write(64, 16, /*seed=*/3, dir_ + "/a.bin");
   const std::vector<Record> same = Write(64, 16, /*seed=*/3, dir_ + "/same.bin");
   const std::vector<Record> other = Write(64, 16, /*seed=*/4, dir_ + "/other.bin");
-  EXPECT_EQ(ReadBytes(dir_ + "/a.bin"), ReadBytes(dir_ + "/same.bin"));
+  EXPECT_EQ(ReadFile(dir_ + "/a.bin"), ReadFile(dir_ + "/same.bin"));
   EXPECT_NE(a, other);
   std::map<Record, int> distinct;
   for (const Record& record : a) ++distinct[record];
@@ -437,33 +426,33 @@ TEST_F(RecordDatasetTest, OpenRefusesBadFilesNamingThem) {
   // Missing.
   expect_refused(StatusCode::kNotFound, "data.bin");
   // Shorter than a header.
-  WriteBytes(path_, std::string(10, 'x'));
+  WriteFile(path_, std::string(10, 'x'));
   expect_refused(StatusCode::kCorruption, "too short");
   // Another magic, its checksum right.
-  WriteBytes(path_, EncodeHeader(0, 8, "NOTADSET"));
+  WriteFile(path_, EncodeHeader(0, 8, "NOTADSET"));
   expect_refused(StatusCode::kCorruption, "magic");
   // A record count changed after the checksum was computed.
   Write(20, 8);
-  std::string bytes = ReadBytes(path_);
+  std::string bytes = ReadFile(path_);
   bytes[8] ^= 1;
-  WriteBytes(path_, bytes);
+  WriteFile(path_, bytes);
   expect_refused(StatusCode::kCorruption, "checksum");
   // The checksum itself damaged.
   Write(20, 8);
-  bytes = ReadBytes(path_);
+  bytes = ReadFile(path_);
   bytes[30] ^= 0x40;
-  WriteBytes(path_, bytes);
+  WriteFile(path_, bytes);
   expect_refused(StatusCode::kCorruption, "checksum");
   // A consistent header that promises more records than follow it.
   Write(20, 8);
-  bytes = ReadBytes(path_);
+  bytes = ReadFile(path_);
   bytes.resize(bytes.size() - 1);
-  WriteBytes(path_, bytes);
+  WriteFile(path_, bytes);
   expect_refused(StatusCode::kCorruption, "promises");
-  WriteBytes(path_, EncodeHeader(~uint64_t{0} / 2, 8, "ACKPTDS1") + std::string(64, '\0'));
+  WriteFile(path_, EncodeHeader(~uint64_t{0} / 2, 8, "ACKPTDS1") + std::string(64, '\0'));
   expect_refused(StatusCode::kCorruption, "promises");
   // A zero record size with a valid checksum.
-  WriteBytes(path_, EncodeHeader(5, 0, "ACKPTDS1"));
+  WriteFile(path_, EncodeHeader(5, 0, "ACKPTDS1"));
   expect_refused(StatusCode::kCorruption, "promises");
 }
 
