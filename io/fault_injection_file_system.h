@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "io/file_system.h"
+#include "asyncckpt/file_system.h"
 
 namespace asyncckpt::io {
 

@@ -1,4 +1,4 @@
-#include "io/file_system.h"
+#include "asyncckpt/file_system.h"
 
 #include <cstring>
 #include <string>

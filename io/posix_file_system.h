@@ -12,7 +12,7 @@
 #include <span>
 #include <string>
 
-#include "io/file_system.h"
+#include "asyncckpt/file_system.h"
 
 namespace asyncckpt::io {
 

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "io/file_system.h"
+#include "asyncckpt/file_system.h"
 #include "io/posix_file_system.h"
 
 namespace asyncckpt::io {

@@ -14,6 +14,7 @@
 
 #include "asyncckpt/compression.h"
 #include "asyncckpt/dtype.h"
+#include "asyncckpt/file_system.h"
 #include "asyncckpt/hooks.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/tensor.h"
@@ -118,6 +119,9 @@ struct InputPipelineOptions {
   uint64_t staging_bytes = 0;
   /// Use the POSIX I/O backend even where io_uring works (as SaverOptions::force_posix_io).
   bool force_posix_io = false;
+  /// Where every file goes (borrowed; must outlive the hook); null: the default backend, as
+  /// SaverOptions::file_system.
+  io::FileSystem* file_system = nullptr;
   /// Time source for save_secs and retention.
   Clock clock = SystemClockSeconds;
 };
@@ -171,9 +175,11 @@ class CheckpointInputPipelineHook : public SessionRunHook {
 /// "checkpoint") and an input checkpoint (`input_basename`, state file "checkpoint_" + the
 /// basename without ".ckpt": "checkpoint_input" for "input.ckpt", as InputStateFileName) in
 /// `dir`; nullopt when there is none (a fresh job).
+/// `fs` (borrowed) is read through; null means the POSIX backend.
 Result<std::optional<int64_t>> NewestCompleteStep(const std::string& dir,
                                                   const std::string& model_basename,
-                                                  const std::string& input_basename);
+                                                  const std::string& input_basename,
+                                                  io::FileSystem* fs = nullptr);
 
 /// Options of RecordDatasetIterator.
 struct RecordDatasetOptions {

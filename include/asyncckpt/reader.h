@@ -8,6 +8,7 @@
 #include <xtensor/xarray.hpp>
 
 #include "asyncckpt/dtype.h"
+#include "asyncckpt/file_system.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/tensor.h"
 
@@ -33,10 +34,13 @@ struct TensorInfo {
 
 /// Options for opening a checkpoint.
 struct ReaderOptions {
-  /// Use the POSIX backend even where io_uring works.
+  /// Use the POSIX backend even where io_uring works (only when file_system is null).
   bool force_posix = false;
-  /// Most reads in flight at once.
+  /// Most reads in flight at once (only when file_system is null).
   unsigned queue_depth = 64;
+  /// Where the files are read from (borrowed; must outlive the reader). Null: io_uring where a
+  /// ring can be set up, else POSIX.
+  io::FileSystem* file_system = nullptr;
 };
 
 /// What verify() found: OK, or the first damage, naming the file, tensor and chunk.

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "asyncckpt/compression.h"
+#include "asyncckpt/file_system.h"
 #include "asyncckpt/hooks.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/tensor.h"
@@ -73,8 +74,11 @@ struct SaverOptions {
   /// fdatasync. On by default: buffered writes cost a core's worth of page-cache copies per
   /// save, taken from the training job, and write at a fraction of the device's speed.
   bool use_o_direct = true;
-  /// Use the POSIX I/O backend even where io_uring works.
+  /// Use the POSIX I/O backend even where io_uring works (only when file_system is null).
   bool force_posix_io = false;
+  /// Where every file goes (borrowed; must outlive the hook). Null: io_uring where a ring can
+  /// be set up, else POSIX (force_posix_io and queue_depth choose), as leveldb's Options::env.
+  io::FileSystem* file_system = nullptr;
   /// Time source for save_secs and retention (tests use a fake clock).
   Clock clock = SystemClockSeconds;
 };

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "asyncckpt/file_system.h"
 #include "asyncckpt/status.h"
 
 namespace asyncckpt {
@@ -25,11 +26,15 @@ struct CheckpointState {
 
 /// Reads `dir`/`state_file_name`. NotFound when there is none; Corruption (naming the file and
 /// line) when it cannot be parsed.
+/// `fs` (borrowed) is read through; null means the POSIX backend.
 Result<CheckpointState> GetCheckpointState(
-    const std::string& dir, const std::string& state_file_name = kCheckpointStateFileName);
+    const std::string& dir, const std::string& state_file_name = kCheckpointStateFileName,
+    io::FileSystem* fs = nullptr);
 
 /// The full path of the latest checkpoint named by the state file in `dir`, or NotFound.
+/// `fs` (borrowed) is read through; null means the POSIX backend.
 Result<std::string> LatestCheckpoint(const std::string& dir,
-                                     const std::string& state_file_name = kCheckpointStateFileName);
+                                     const std::string& state_file_name = kCheckpointStateFileName,
+                                     io::FileSystem* fs = nullptr);
 
 }  // namespace asyncckpt

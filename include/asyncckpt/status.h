@@ -20,6 +20,8 @@ enum class StatusCode {
   kFailedPrecondition,
   kUnavailable,
   kInternal,
+  kAborted,
+  kResourceExhausted,
 };
 
 /// The outcome of an operation: OK, or a code and a message naming what went wrong.
@@ -54,10 +56,17 @@ class [[nodiscard]] Status {
   static Status FailedPrecondition(std::string msg) {
     return {StatusCode::kFailedPrecondition, std::move(msg)};
   }
-  /// A facility (GPU, io_uring) is not available on this machine.
+  /// A facility (GPU, io_uring, a pre-empted worker) is not available now.
   static Status Unavailable(std::string msg) { return {StatusCode::kUnavailable, std::move(msg)}; }
   /// A bug or an unexpected exception.
   static Status Internal(std::string msg) { return {StatusCode::kInternal, std::move(msg)}; }
+  /// The operation was aborted by a conflict or a pre-emption and may succeed when retried
+  /// from a recreated session (TensorFlow's AbortedError).
+  static Status Aborted(std::string msg) { return {StatusCode::kAborted, std::move(msg)}; }
+  /// Memory or another resource ran out (an allocation failed, a bound was reached).
+  static Status ResourceExhausted(std::string msg) {
+    return {StatusCode::kResourceExhausted, std::move(msg)};
+  }
 
   /// True on success.
   bool ok() const { return code_ == StatusCode::kOk; }

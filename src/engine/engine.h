@@ -22,9 +22,9 @@
 #include <string>
 
 #include "asyncckpt/compression.h"
+#include "asyncckpt/file_system.h"
 #include "asyncckpt/saver_hook.h"
 #include "asyncckpt/tensor.h"
-#include "io/file_system.h"
 #include "src/state/checkpoint_state.h"
 
 namespace asyncckpt {

@@ -21,9 +21,9 @@
 
 #include "asyncckpt/compression.h"
 #include "asyncckpt/dtype.h"
+#include "asyncckpt/file_system.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/tensor.h"
-#include "io/file_system.h"
 #include "src/codec/codec.h"
 #include "src/format/format.h"
 

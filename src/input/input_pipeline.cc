@@ -120,14 +120,15 @@ SaverOptions AsSaverOptions(const InputPipelineOptions& options) {
   saver.compression = options.compression;
   saver.staging_bytes = options.staging_bytes;
   saver.force_posix_io = options.force_posix_io;
+  saver.file_system = options.file_system;
   saver.clock = options.clock;
   return saver;
 }
 
 Result<std::set<int64_t>> RetainedSteps(const std::string& dir, const std::string& basename,
-                                        const std::string& state_file) {
+                                        const std::string& state_file, io::FileSystem* fs) {
   std::set<int64_t> steps;
-  auto state = GetCheckpointState(dir, state_file);
+  auto state = GetCheckpointState(dir, state_file, fs);
   if (!state.ok()) {
     if (state.status().code() == StatusCode::kNotFound) return steps;
     return state.status();
@@ -152,11 +153,12 @@ Result<std::set<int64_t>> RetainedSteps(const std::string& dir, const std::strin
 
 Result<std::optional<int64_t>> NewestCompleteStep(const std::string& dir,
                                                   const std::string& model_basename,
-                                                  const std::string& input_basename) {
+                                                  const std::string& input_basename,
+                                                  io::FileSystem* fs) {
   ASSIGN_OR_RETURN(std::set<int64_t> model,
-                   RetainedSteps(dir, model_basename, kCheckpointStateFileName));
+                   RetainedSteps(dir, model_basename, kCheckpointStateFileName, fs));
   ASSIGN_OR_RETURN(std::set<int64_t> input,
-                   RetainedSteps(dir, input_basename, StateFileForBasename(input_basename)));
+                   RetainedSteps(dir, input_basename, StateFileForBasename(input_basename), fs));
   for (auto it = model.rbegin(); it != model.rend(); ++it) {
     if (input.count(*it)) return std::optional<int64_t>(*it);
   }
@@ -192,7 +194,7 @@ class CheckpointInputPipelineHook::Impl {
     if (storage_.fs->stat(exact, &exists, &is_dir).ok() && exists && is_dir) {
       path = exact;
     } else {
-      auto latest = LatestCheckpoint(options_.checkpoint_dir, state_file_);
+      auto latest = LatestCheckpoint(options_.checkpoint_dir, state_file_, storage_.fs);
       if (!latest.ok() && latest.status().code() != StatusCode::kNotFound) return latest.status();
       if (latest.ok()) {
         path = *latest;
@@ -281,8 +283,8 @@ class CheckpointInputPipelineHook::Impl {
               (bounded ? std::min<uint64_t>(options_.chunk_bytes, budget) : options_.chunk_bytes);
     engine_options.staging_bytes = budget;
     ASSIGN_OR_RETURN(engine_,
-                     Engine::Create(engine_options, storage_.fs.get(), storage_.manager.get(),
-                                    &registry_, [this](const SaveStats& stats) { OnDone(stats); }));
+                     Engine::Create(engine_options, storage_.fs, storage_.manager.get(), &registry_,
+                                    [this](const SaveStats& stats) { OnDone(stats); }));
     return Status::OK();
   }
 
@@ -296,7 +298,8 @@ class CheckpointInputPipelineHook::Impl {
   }
 
   Status Restore(const std::string& path) {
-    ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(path));
+    ASSIGN_OR_RETURN(auto reader,
+                     CheckpointReader::Open(path, ReaderOptions{.file_system = storage_.fs}));
     IteratorState state;
     for (const TensorInfo& info : reader->tensors()) {
       std::vector<uint8_t> bytes(info.bytes);

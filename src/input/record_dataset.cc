@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "asyncckpt/file_system.h"
 #include "asyncckpt/input_pipeline.h"
-#include "io/file_system.h"
 #include "src/state/checkpoint_state.h"
 #include "src/util/io_status.h"
 #include "src/util/status_macros.h"

@@ -11,8 +11,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "asyncckpt/file_system.h"
 #include "asyncckpt/state.h"
-#include "io/file_system.h"
 #include "src/codec/codec.h"
 #include "src/format/format.h"
 #include "src/util/byte_buffer.h"
@@ -87,11 +87,17 @@ class CheckpointReaderImpl final : public CheckpointReader {
  public:
   static Result<std::unique_ptr<CheckpointReader>> Open(const std::string& path,
                                                         const ReaderOptions& options) {
-    std::string fallback;
-    std::unique_ptr<io::FileSystem> fs = io::NewDefaultFileSystem(
-        io::IoOptions{options.queue_depth, options.force_posix}, &fallback);
-    LogFallbackOnce(fallback);
-    std::unique_ptr<CheckpointReaderImpl> reader(new CheckpointReaderImpl(path, std::move(fs)));
+    std::unique_ptr<io::FileSystem> owned_fs;
+    io::FileSystem* fs = options.file_system;
+    if (fs == nullptr) {
+      std::string fallback;
+      owned_fs = io::NewDefaultFileSystem(io::IoOptions{options.queue_depth, options.force_posix},
+                                          &fallback);
+      LogFallbackOnce(fallback);
+      fs = owned_fs.get();
+    }
+    std::unique_ptr<CheckpointReaderImpl> reader(
+        new CheckpointReaderImpl(path, std::move(owned_fs), fs));
     RETURN_IF_ERROR(reader->Load());
     return std::unique_ptr<CheckpointReader>(std::move(reader));
   }
@@ -177,8 +183,9 @@ class CheckpointReaderImpl final : public CheckpointReader {
     size_t entry = 0;  // index into index_.tensors
   };
 
-  CheckpointReaderImpl(std::string path, std::unique_ptr<io::FileSystem> fs)
-      : path_(std::move(path)), fs_(std::move(fs)) {}
+  CheckpointReaderImpl(std::string path, std::unique_ptr<io::FileSystem> owned_fs,
+                       io::FileSystem* fs)
+      : path_(std::move(path)), owned_fs_(std::move(owned_fs)), fs_(fs) {}
 
   Status Load() {
     bool exists = false, is_dir = false;
@@ -363,7 +370,8 @@ class CheckpointReaderImpl final : public CheckpointReader {
 
   std::string path_;
   std::string index_path_;
-  std::unique_ptr<io::FileSystem> fs_;
+  std::unique_ptr<io::FileSystem> owned_fs_;  // the default backend when none was given
+  io::FileSystem* fs_;
   std::vector<std::unique_ptr<io::File>> files_;  // one per data file
   format::Index index_;
   std::vector<TensorInfo> infos_;  // in name order
@@ -384,7 +392,8 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::stri
 
 Result<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenLatest(
     const std::string& dir, const ReaderOptions& options) {
-  ASSIGN_OR_RETURN(std::string latest, LatestCheckpoint(dir));
+  ASSIGN_OR_RETURN(std::string latest,
+                   LatestCheckpoint(dir, kCheckpointStateFileName, options.file_system));
   return Open(latest, options);
 }
 

@@ -30,9 +30,9 @@ class AsyncCheckpointSaverHook::Impl {
       std::lock_guard lock(mu_);
       totals_.stale_temporaries_removed = std::move(removed);
     }
-    ASSIGN_OR_RETURN(engine_, Engine::Create(EngineOptionsFor(options_), storage_.fs.get(),
-                                             storage_.manager.get(), registry_,
-                                             [this](const SaveStats& stats) { OnDone(stats); }));
+    ASSIGN_OR_RETURN(engine_,
+                     Engine::Create(EngineOptionsFor(options_), storage_.fs, storage_.manager.get(),
+                                    registry_, [this](const SaveStats& stats) { OnDone(stats); }));
     for (auto* listener : listeners_) listener->begin();
     return Status::OK();
   }

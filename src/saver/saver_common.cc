@@ -57,33 +57,21 @@ Result<SaveSchedule> SaveSchedule::Create(const SaverOptions& options) {
   return SaveSchedule(std::move(timer));
 }
 
-namespace {
-std::function<std::unique_ptr<io::FileSystem>(const SaverOptions&)>& FileSystemFactory() {
-  static std::function<std::unique_ptr<io::FileSystem>(const SaverOptions&)> factory;
-  return factory;
-}
-}  // namespace
-
-void SetSaverFileSystemFactoryForTesting(
-    std::function<std::unique_ptr<io::FileSystem>(const SaverOptions&)> factory) {
-  FileSystemFactory() = std::move(factory);
-}
-
 Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options,
                                                      const std::string& state_file_name) {
-  if (FileSystemFactory()) {
-    fs = FileSystemFactory()(options);
-  } else {
+  fs = options.file_system;
+  if (fs == nullptr) {
     std::string fallback;
-    fs = io::NewDefaultFileSystem(
+    owned_fs = io::NewDefaultFileSystem(
         io::IoOptions{.queue_depth = options.queue_depth, .force_posix = options.force_posix_io},
         &fallback);
     if (!fallback.empty()) LogLine(fallback);
+    fs = owned_fs.get();
   }
   RETURN_IF_ERROR(
       ToStatus(fs->create_dirs(options.checkpoint_dir)).WithContext("creating checkpoint_dir"));
   manager = std::make_unique<CheckpointManager>(
-      fs.get(), options.checkpoint_dir, options.basename, options.max_to_keep,
+      fs, options.checkpoint_dir, options.basename, options.max_to_keep,
       options.keep_checkpoint_every_n_hours, options.clock, state_file_name);
   ASSIGN_OR_RETURN(std::vector<std::string> removed, manager->RemoveStaleTemporaries());
   for (const auto& name : removed) {

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "asyncckpt/file_system.h"
 #include "asyncckpt/saver_hook.h"
 #include "asyncckpt/timer.h"
-#include "io/file_system.h"
 #include "src/state/checkpoint_state.h"
 
 namespace asyncckpt {
@@ -41,8 +41,10 @@ class SaveSchedule {
 
 /// The file system and retention manager of a saver, ready after Start().
 struct SaverStorage {
-  /// io_uring or POSIX backend, as the options say.
-  std::unique_ptr<io::FileSystem> fs;
+  /// options.file_system, or the default backend the options choose (then owned here).
+  io::FileSystem* fs = nullptr;
+  /// The default backend when options.file_system is null.
+  std::unique_ptr<io::FileSystem> owned_fs;
   /// State file and retention.
   std::unique_ptr<CheckpointManager> manager;
 
@@ -51,11 +53,6 @@ struct SaverStorage {
   Result<std::vector<std::string>> Start(
       const SaverOptions& options, const std::string& state_file_name = kCheckpointStateFileName);
 };
-
-/// Makes every saver created afterwards use file systems from `factory` (null restores the
-/// default). For tests that put faults in a saver's way; not thread-safe with saver creation.
-void SetSaverFileSystemFactoryForTesting(
-    std::function<std::unique_ptr<io::FileSystem>(const SaverOptions&)> factory);
 
 /// Tells every listener about a finished save; true when one of them asks to stop.
 bool NotifyAfterSave(const std::vector<CheckpointSaverListener*>& listeners, int64_t step,

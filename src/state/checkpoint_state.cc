@@ -340,13 +340,16 @@ Status WriteCheckpointState(io::FileSystem& fs, const std::string& dir,
 }
 
 Result<CheckpointState> GetCheckpointState(const std::string& dir,
-                                           const std::string& state_file_name) {
-  const std::unique_ptr<io::FileSystem> fs = io::NewPosixFileSystem();
+                                           const std::string& state_file_name, io::FileSystem* fs) {
+  std::unique_ptr<io::FileSystem> posix;
+  if (fs == nullptr) fs = (posix = io::NewPosixFileSystem()).get();
   return ReadCheckpointState(*fs, dir, state_file_name);
 }
 
-Result<std::string> LatestCheckpoint(const std::string& dir, const std::string& state_file_name) {
-  const std::unique_ptr<io::FileSystem> fs = io::NewPosixFileSystem();
+Result<std::string> LatestCheckpoint(const std::string& dir, const std::string& state_file_name,
+                                     io::FileSystem* fs) {
+  std::unique_ptr<io::FileSystem> posix;
+  if (fs == nullptr) fs = (posix = io::NewPosixFileSystem()).get();
   bool exists = false;
   bool is_dir = false;
   RETURN_IF_ERROR(ToStatus(fs->stat(dir, &exists, &is_dir)));

@@ -19,10 +19,10 @@
 #include <utility>
 #include <vector>
 
+#include "asyncckpt/file_system.h"
 #include "asyncckpt/state.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/timer.h"
-#include "io/file_system.h"
 
 namespace asyncckpt {
 

@@ -2,8 +2,8 @@
 
 // The one place where an io::IoStatus (errno + message) becomes an asyncckpt::Status.
 
+#include "asyncckpt/file_system.h"
 #include "asyncckpt/status.h"
-#include "io/file_system.h"
 
 namespace asyncckpt {
 

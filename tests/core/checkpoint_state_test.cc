@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "asyncckpt/file_system.h"
 #include "io/fault_injection_file_system.h"
-#include "io/file_system.h"
 #include "src/util/log.h"
 
 namespace asyncckpt {

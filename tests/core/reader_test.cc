@@ -11,7 +11,7 @@
 #include <random>
 #include <thread>
 
-#include "io/file_system.h"
+#include "asyncckpt/file_system.h"
 #include "src/format/format.h"
 #include "src/format/writer.h"
 #include "src/state/checkpoint_state.h"

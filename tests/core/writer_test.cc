@@ -12,8 +12,8 @@
 #include <numeric>
 #include <random>
 
+#include "asyncckpt/file_system.h"
 #include "io/fault_injection_file_system.h"
-#include "io/file_system.h"
 #include "tests/support/files.h"
 
 namespace asyncckpt::format {

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "asyncckpt/file_system.h"
 #include "asyncckpt/reader.h"
 #include "asyncckpt/state.h"
-#include "io/file_system.h"
 #include "src/staging/staging_pool.h"
 #include "tests/device/flaky_device.h"
 #include "tests/io/gated_file_system.h"

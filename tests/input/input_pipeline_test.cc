@@ -20,11 +20,11 @@
 #include <string_view>
 #include <vector>
 
+#include "asyncckpt/file_system.h"
 #include "asyncckpt/reader.h"
 #include "asyncckpt/session.h"
 #include "asyncckpt/state.h"
 #include "io/fault_injection_file_system.h"
-#include "io/file_system.h"
 #include "src/saver/saver_common.h"
 #include "src/state/checkpoint_state.h"
 #include "src/util/log.h"
@@ -142,7 +142,6 @@ class InputPipelineTest : public ::testing::Test {
     ASSERT_TRUE(WriteRecordDataset(dataset_, 500, 64, 17).ok());
   }
   void TearDown() override {
-    SetSaverFileSystemFactoryForTesting(nullptr);
     std::error_code ec;
     fs::remove_all(root_, ec);
   }
@@ -577,20 +576,15 @@ TEST_F(InputPipelineTest, IteratorSaveFailureFailsTheSession) {
 
 TEST_F(InputPipelineTest, BackgroundSaveFailureStopsTheLoopAndEndReturnsIt) {
   std::unique_ptr<io::FileSystem> posix = io::NewPosixFileSystem();
-  io::FaultInjectionFileSystem* faults = nullptr;
-  SetSaverFileSystemFactoryForTesting([&](const SaverOptions&) {
-    auto wrapper = std::make_unique<io::FaultInjectionFileSystem>(posix.get());
-    faults = wrapper.get();
-    return wrapper;
-  });
+  auto faults = std::make_unique<io::FaultInjectionFileSystem>(posix.get());
   auto input = OpenInput();
   ASSERT_NE(input, nullptr);
-  auto hook = MakeHook(Options(2), input.get());
+  InputPipelineOptions options = Options(2);
+  options.file_system = faults.get();
+  auto hook = MakeHook(options, input.get());
   ASSERT_NE(hook, nullptr);
-  auto session = MonitoredSession::Create({hook.get()}, 0);  // begin() opens the file system
-  SetSaverFileSystemFactoryForTesting(nullptr);
+  auto session = MonitoredSession::Create({hook.get()}, 0);
   ASSERT_TRUE(session.ok());
-  ASSERT_NE(faults, nullptr);
   faults->fail_ops_matching("input.ckpt-4", EIO);
   int64_t steps = 0;
   Status status = (*session)->run_until(200, [&](StepContext& ctx) {

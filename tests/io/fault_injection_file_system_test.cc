@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "io/file_system.h"
+#include "asyncckpt/file_system.h"
 
 namespace asyncckpt::io {
 namespace {

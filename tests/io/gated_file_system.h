@@ -8,7 +8,7 @@
 #include <mutex>
 #include <span>
 
-#include "io/file_system.h"
+#include "asyncckpt/file_system.h"
 
 namespace asyncckpt::testing_support {
 

@@ -28,7 +28,7 @@
 #include <string>
 #include <vector>
 
-#include "io/file_system.h"
+#include "asyncckpt/file_system.h"
 
 namespace asyncckpt::io {
 namespace {

@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "io/file_system.h"
+#include "asyncckpt/file_system.h"
 
 namespace asyncckpt::testing_support {
 

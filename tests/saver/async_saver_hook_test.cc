@@ -15,12 +15,12 @@
 #include <thread>
 #include <vector>
 
+#include "asyncckpt/file_system.h"
 #include "asyncckpt/reader.h"
 #include "asyncckpt/saver_hook.h"
 #include "asyncckpt/session.h"
 #include "asyncckpt/state.h"
 #include "io/fault_injection_file_system.h"
-#include "io/file_system.h"
 #include "src/saver/saver_common.h"
 #include "tests/device/flaky_device.h"
 #include "tests/io/gated_file_system.h"
@@ -127,10 +127,7 @@ class AsyncSaverHookTest : public ::testing::Test {
     bias_.resize(7);
     AddTensors(&registry_);
   }
-  void TearDown() override {
-    SetSaverFileSystemFactoryForTesting(nullptr);
-    fs::remove_all(dir_);
-  }
+  void TearDown() override { fs::remove_all(dir_); }
 
   // Registers weights_ and bias_ in `registry`, on `device` (the host when null).
   void AddTensors(TensorRegistry* registry, std::shared_ptr<Device> device = nullptr) {
@@ -156,6 +153,7 @@ class AsyncSaverHookTest : public ::testing::Test {
     SaverOptions options;
     options.checkpoint_dir = dir_;
     options.save_steps = save_steps;
+    options.file_system = fs_under_test_.get();  // null: the default backend
     options.max_to_keep = 0;
     options.chunk_bytes = 64;           // 76 chunks per save
     options.staging_bytes = 4 * kPage;  // four chunks: every snapshot streams through it
@@ -212,23 +210,25 @@ class AsyncSaverHookTest : public ::testing::Test {
     for (const auto& name : Entries()) EXPECT_EQ(name.find(".tmp"), std::string::npos) << name;
   }
 
-  // Makes the next hook's file system a GatedFileSystem over POSIX (owned by the hook; gate()
-  // finds it once the hook has begun).
-  void InstallGate() {
-    gate_slot_ = std::make_shared<GatedFileSystem*>(nullptr);
-    SetSaverFileSystemFactoryForTesting([slot = gate_slot_](const SaverOptions&) {
-      auto fs = std::make_unique<GatedFileSystem>(io::NewPosixFileSystem());
-      *slot = fs.get();
-      return fs;
-    });
+  // Makes `fs` the file system of the hooks whose options Options() builds from now on.
+  template <typename Fs>
+  Fs* UseFileSystem(std::unique_ptr<Fs> fs) {
+    Fs* raw = fs.get();
+    fs_under_test_ = std::move(fs);
+    return raw;
   }
-  GatedFileSystem* gate() const { return *gate_slot_; }
+  // Makes the next hooks' file system a GatedFileSystem over POSIX.
+  void InstallGate() {
+    gate_ = UseFileSystem(std::make_unique<GatedFileSystem>(io::NewPosixFileSystem()));
+  }
+  GatedFileSystem* gate() const { return gate_; }
 
   std::string dir_;
   std::vector<float> weights_;
   std::vector<int64_t> bias_;
   TensorRegistry registry_;
-  std::shared_ptr<GatedFileSystem*> gate_slot_;
+  std::unique_ptr<io::FileSystem> fs_under_test_;
+  GatedFileSystem* gate_ = nullptr;
 };
 
 TEST_F(AsyncSaverHookTest, ManyStreamingSavesCommitInStepOrderAndHoldTheirState) {
@@ -305,14 +305,13 @@ TEST_F(AsyncSaverHookTest, OnBusyWaitBlocksTheTrainingThreadAndNeverDropsASave) 
   // training thread blocks in it, step 2 can only run after `opened` was set.
   class Opener : public CheckpointSaverListener {
    public:
-    explicit Opener(std::shared_ptr<GatedFileSystem*> gate) : gate_(std::move(gate)) {}
+    explicit Opener(GatedFileSystem* gate) : gate_(gate) {}
     ~Opener() override {
       if (thread_.joinable()) thread_.join();
     }
     void before_save(int64_t step) override {
       if (step != 1) return;
-      GatedFileSystem* gate = *gate_;
-      thread_ = std::thread([this, gate] {
+      thread_ = std::thread([this, gate = gate_] {
         gate->WaitForWaiting(1);
         opened = true;
         gate->Open();
@@ -321,9 +320,9 @@ TEST_F(AsyncSaverHookTest, OnBusyWaitBlocksTheTrainingThreadAndNeverDropsASave) 
     std::atomic<bool> opened{false};
 
    private:
-    std::shared_ptr<GatedFileSystem*> gate_;
+    GatedFileSystem* gate_;
     std::thread thread_;
-  } opener(gate_slot_);
+  } opener(gate());
   RecordingListener listener;
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry_, {&opener, &listener});
   ASSERT_TRUE(hook.ok());
@@ -416,13 +415,9 @@ class AsyncSaverHookFaultTest
 
 TEST_P(AsyncSaverHookFaultTest, FailedSaveReachesListenerAndLoopAndLeavesEarlierCheckpoints) {
   const auto& [fault, on_error] = GetParam();
-  auto faulty_slot = std::make_shared<io::FaultInjectionFileSystem*>(nullptr);
-  auto posix = std::shared_ptr<io::FileSystem>(io::NewPosixFileSystem());
-  SetSaverFileSystemFactoryForTesting([faulty_slot, posix](const SaverOptions&) {
-    auto wrapper = std::make_unique<io::FaultInjectionFileSystem>(posix.get());
-    *faulty_slot = wrapper.get();
-    return wrapper;
-  });
+  auto posix = io::NewPosixFileSystem();
+  io::FaultInjectionFileSystem* faulty =
+      UseFileSystem(std::make_unique<io::FaultInjectionFileSystem>(posix.get()));
   SaverOptions options = Options(2);
   options.on_error = on_error;
   RecordingListener listener(dir_);
@@ -431,7 +426,6 @@ TEST_P(AsyncSaverHookFaultTest, FailedSaveReachesListenerAndLoopAndLeavesEarlier
   SetState(0);
   auto session = MonitoredSession::Create({hook->get()});
   ASSERT_TRUE(session.ok());
-  io::FaultInjectionFileSystem* faulty = *faulty_slot;
   ASSERT_NE(faulty, nullptr);
   listener.WaitForSaves(1);
   ASSERT_TRUE((*session)->run(StepFunction()).ok());  // step 1
@@ -503,12 +497,8 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST_F(AsyncSaverHookTest, ExceptionFromTheFileSystemBecomesTheSaveFailure) {
-  auto slot = std::make_shared<ThrowingFileSystem*>(nullptr);
-  SetSaverFileSystemFactoryForTesting([slot](const SaverOptions&) {
-    auto fs = std::make_unique<ThrowingFileSystem>(io::NewPosixFileSystem());
-    *slot = fs.get();
-    return fs;
-  });
+  ThrowingFileSystem* thrower =
+      UseFileSystem(std::make_unique<ThrowingFileSystem>(io::NewPosixFileSystem()));
   SaverOptions options = Options(1);
   options.on_error = OnError::kContinue;
   RecordingListener listener;
@@ -518,10 +508,10 @@ TEST_F(AsyncSaverHookTest, ExceptionFromTheFileSystemBecomesTheSaveFailure) {
   auto session = MonitoredSession::Create({hook->get()});
   ASSERT_TRUE(session.ok());
   listener.WaitForSaves(1);
-  (*slot)->armed = true;
+  thrower->armed = true;
   ASSERT_TRUE((*session)->run(StepFunction()).ok());  // step 1
   listener.WaitForSaves(2);
-  (*slot)->armed = false;
+  thrower->armed = false;
   ASSERT_TRUE((*session)->run(StepFunction()).ok());  // step 2
   ASSERT_TRUE((*session)->close().ok());
   const auto stats = listener.stats();
@@ -536,19 +526,15 @@ TEST_F(AsyncSaverHookTest, ExceptionFromTheFileSystemBecomesTheSaveFailure) {
 }
 
 TEST_F(AsyncSaverHookTest, EndStillReportsAFailureThatWaitUntilSavedReturned) {
-  auto slot = std::make_shared<ThrowingFileSystem*>(nullptr);
-  SetSaverFileSystemFactoryForTesting([slot](const SaverOptions&) {
-    auto fs = std::make_unique<ThrowingFileSystem>(io::NewPosixFileSystem());
-    *slot = fs.get();
-    return fs;
-  });
+  ThrowingFileSystem* thrower =
+      UseFileSystem(std::make_unique<ThrowingFileSystem>(io::NewPosixFileSystem()));
   auto hook = AsyncCheckpointSaverHook::Create(Options(1), &registry_, {});
   ASSERT_TRUE(hook.ok());
   SetState(0);
   ASSERT_TRUE((*hook)->begin().ok());
   ASSERT_TRUE((*hook)->after_create_session(0).ok());
   ASSERT_TRUE((*hook)->wait_until_saved().ok());
-  (*slot)->armed = true;
+  thrower->armed = true;
   SetState(1);
   RunContext context(1);
   ASSERT_TRUE((*hook)->after_run(context, RunValues{}).ok());
@@ -602,9 +588,7 @@ TEST_F(AsyncSaverHookTest, EndWaitsForEveryPendingSaveAndLeavesThemDurable) {
    private:
     std::unique_ptr<io::FileSystem> owned_;
   };
-  SetSaverFileSystemFactoryForTesting([](const SaverOptions&) {
-    return std::make_unique<SlowFileSystem>(io::NewPosixFileSystem());
-  });
+  UseFileSystem(std::make_unique<SlowFileSystem>(io::NewPosixFileSystem()));
   SaverOptions options = Options(1);
   options.staging_bytes = 10 * 80 * kPage;  // room for every save: none waits
   RecordingListener listener;
@@ -763,13 +747,10 @@ TEST_F(AsyncSaverHookTest, RestoresEveryDTypeAfterASaveThroughIoUring) {
   if (io::NewUringFileSystem(io::IoOptions{}, &why) == nullptr) {
     GTEST_SKIP() << "io_uring unavailable: " << why;
   }
-  auto used = std::make_shared<std::string>();
-  SetSaverFileSystemFactoryForTesting([used](const SaverOptions& options) {
-    std::string reason;
-    auto fs = io::NewUringFileSystem(io::IoOptions{.queue_depth = options.queue_depth}, &reason);
-    *used = fs->name();
-    return fs;
-  });
+  std::string reason;
+  auto uring = io::NewUringFileSystem(io::IoOptions{}, &reason);
+  ASSERT_NE(uring, nullptr) << reason;
+  const std::string used = UseFileSystem(std::move(uring))->name();
   AllDTypesState state;
   TensorRegistry registry = state.Registry();
   SaverOptions options = Options(1);
@@ -778,7 +759,7 @@ TEST_F(AsyncSaverHookTest, RestoresEveryDTypeAfterASaveThroughIoUring) {
   ASSERT_TRUE(hook.ok());
   Status status = state.Train(hook->get(), 3);
   ASSERT_TRUE(status.ok()) << status.ToString();
-  EXPECT_EQ(*used, "io_uring");
+  EXPECT_EQ(used, "io_uring");
   for (int64_t step = 0; step <= 3; ++step) {
     AllDTypesState::ExpectRestoresStep(Path(step), step, ReaderOptions{});
   }

@@ -64,10 +64,7 @@ class CheckpointSaverHookTest : public ::testing::Test {
                           nullptr})
                     .ok());
   }
-  void TearDown() override {
-    SetSaverFileSystemFactoryForTesting(nullptr);
-    fs::remove_all(dir_);
-  }
+  void TearDown() override { fs::remove_all(dir_); }
 
   SaverOptions Options(int64_t save_steps) {
     SaverOptions options;
@@ -173,14 +170,11 @@ TEST_F(CheckpointSaverHookTest, RetentionKeepsTheNewestMaxToKeep) {
 
 TEST_F(CheckpointSaverHookTest, FailedSaveFailsTheSessionAndKeepsEarlierCheckpoints) {
   auto posix = io::NewPosixFileSystem();
-  io::FaultInjectionFileSystem* faulty = nullptr;
-  SetSaverFileSystemFactoryForTesting([&](const SaverOptions&) {
-    auto wrapper = std::make_unique<io::FaultInjectionFileSystem>(posix.get());
-    faulty = wrapper.get();
-    return wrapper;
-  });
+  auto faulty = std::make_unique<io::FaultInjectionFileSystem>(posix.get());
   RecordingListener listener;
-  auto hook = CheckpointSaverHook::Create(Options(2), &registry_, {&listener});
+  SaverOptions options = Options(2);
+  options.file_system = faulty.get();
+  auto hook = CheckpointSaverHook::Create(options, &registry_, {&listener});
   ASSERT_TRUE(hook.ok());
   auto session = MonitoredSession::Create({hook->get()});
   ASSERT_TRUE(session.ok());

@@ -1,11 +1,14 @@
 #pragma once
 
-// The one seam between asyncckpt and the operating system's files. Everything in src/ that
-// touches a file goes through a FileSystem, so tests can put faults in its way.
+// The one seam between asyncckpt and the operating system's files (leveldb's Env). Everything
+// in the library that touches a file goes through a FileSystem, and every component takes one
+// in its options (SaverOptions, InputPipelineOptions, ReaderOptions, the state-file functions):
+// null picks the default backend, anything else is borrowed, so a user can wrap the default
+// (FileSystemWrapper) to count, throttle or inject faults.
 //
-// io/ includes only the standard library and liburing: it reports failures with its own
-// IoStatus (an errno and a message naming the operation and the path), which src/ turns into
-// an asyncckpt::Status in one place (src/util/io_status.h).
+// The backends live in io/ and include only this header, the standard library and liburing:
+// failures are reported with IoStatus (an errno and a message naming the operation and the
+// path), which the library turns into an asyncckpt::Status in one place.
 
 #include <cstddef>
 #include <cstdint>
