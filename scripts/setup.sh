@@ -7,6 +7,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${BUILD_DIR:-$ROOT/build}"
 PACKAGES=(build-essential cmake ninja-build pkg-config git libtbb-dev liburing-dev libzstd-dev
           xtensor-dev nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev)
+# The Python package (python/), its tests, the PyTorch example and its benchmark, all for Debian's
+# /usr/bin/python3 (CMake picks that interpreter; see cmake/AsyncckptPython.cmake).
+PACKAGES+=(python3-dev pybind11-dev python3-numpy python3-torch python3-sklearn python3-pytest)
 
 install_missing_packages() {
   local missing=()

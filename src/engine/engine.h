@@ -70,7 +70,10 @@ class Engine {
   /// throw: an exception from it is logged and dropped, so that later saves still run.
   using DoneFn = std::function<void(const SaveStats&)>;
 
-  /// `fs`, `manager` and `registry` are borrowed and must outlive the engine.
+  /// `fs`, `manager` and `registry` are borrowed and must outlive the engine. The registry is
+  /// read only in Create (to size staging and pick its device) and in Submit, so its tensors may
+  /// be replaced between submits (Checkpointer does); a snapshot larger than the staging budget
+  /// streams through it.
   static Result<std::unique_ptr<Engine>> Create(const EngineOptions& options, io::FileSystem* fs,
                                                 CheckpointManager* manager,
                                                 const TensorRegistry* registry, DoneFn on_done);

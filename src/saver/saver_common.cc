@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "src/format/format.h"
+#include "src/format/writer.h"
 #include "src/util/io_status.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
@@ -79,6 +81,60 @@ Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options
   }
   RETURN_IF_ERROR(manager->Recover());
   return removed;
+}
+
+namespace {
+
+// Host pointers for every tensor; device tensors are copied into host buffers first.
+Status GatherOnHost(const TensorRegistry& registry, std::vector<format::HostTensor>* tensors,
+                    std::vector<PinnedBuffer>* copies) {
+  for (const TensorRef& ref : registry.tensors()) {
+    const void* data = ref.data;
+    if (ref.device && ref.device->kind() != DeviceKind::kHost && ref.bytes > 0) {
+      ASSIGN_OR_RETURN(PinnedBuffer copy, ref.device->allocate_pinned(ref.bytes));
+      RETURN_IF_ERROR(ref.device->copy_to_host(ref.data, copy.data(), ref.bytes)
+                          .WithContext("copying tensor '" + ref.name + "' to the host"));
+      data = copy.data();
+      copies->push_back(std::move(copy));
+    }
+    tensors->push_back(format::HostTensor{ref.name, ref.dtype, ref.shape, data, ref.bytes});
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status WriteAndCommit(const SaverOptions& options, SaverStorage& storage,
+                      const TensorRegistry& registry, const CheckpointMetadata& metadata,
+                      SaveStats* stats) {
+  const std::string final_name = format::CheckpointDirName(options.basename, metadata.step);
+  const std::string tmp_name = TempDirName(final_name);
+  const std::string tmp_path = options.checkpoint_dir + "/" + tmp_name;
+  io::FileSystem& fs = *storage.fs;
+  Status status = [&]() -> Status {
+    std::vector<format::HostTensor> tensors;
+    std::vector<PinnedBuffer> copies;
+    RETURN_IF_ERROR(GatherOnHost(registry, &tensors, &copies));
+    RETURN_IF_ERROR(ToStatus(fs.create_dir(tmp_path)));
+    format::WriterOptions writer_options;
+    writer_options.chunk_bytes = options.chunk_bytes;
+    writer_options.num_data_files = options.num_data_files;
+    writer_options.compression = options.compression;
+    writer_options.use_o_direct = options.use_o_direct;
+    ASSIGN_OR_RETURN(format::WriteStats written,
+                     format::WriteCheckpointFiles(fs, tmp_path, tensors, metadata, writer_options));
+    stats->bytes_raw = written.bytes_raw;
+    stats->bytes_stored = written.bytes_stored;
+    stats->chunks_by_codec = written.chunks_by_codec;
+    RETURN_IF_ERROR(CommitDirectory(fs, options.checkpoint_dir, tmp_name, final_name));
+    stats->path = options.checkpoint_dir + "/" + final_name;
+    return storage.manager->RecordCommitted(final_name, metadata.wall_time);
+  }();
+  if (!status.ok() && stats->path.empty()) {
+    bool exists = false, is_dir = false;
+    if (fs.stat(tmp_path, &exists, &is_dir).ok() && exists) (void)fs.remove_tree(tmp_path);
+  }
+  return status.WithContext("saving " + final_name);
 }
 
 bool NotifyAfterSave(const std::vector<CheckpointSaverListener*>& listeners, int64_t step,

@@ -54,6 +54,15 @@ struct SaverStorage {
       const SaverOptions& options, const std::string& state_file_name = kCheckpointStateFileName);
 };
 
+/// Writes and commits the tensors of `registry` as checkpoint `metadata.step` on the calling
+/// thread (the synchronous savers): device tensors are copied to the host first, the files are
+/// written into a temporary directory, committed, and recorded in the state file. Fills the
+/// sizes, codec counts and path of *stats (not its times); a failure before the commit removes
+/// the temporary directory. The failure names the checkpoint ("saving model.ckpt-N: ...").
+Status WriteAndCommit(const SaverOptions& options, SaverStorage& storage,
+                      const TensorRegistry& registry, const CheckpointMetadata& metadata,
+                      SaveStats* stats);
+
 /// Tells every listener about a finished save; true when one of them asks to stop.
 bool NotifyAfterSave(const std::vector<CheckpointSaverListener*>& listeners, int64_t step,
                      const SaveStats& stats);

@@ -6,10 +6,7 @@
 #include <chrono>
 #include <vector>
 
-#include "src/format/format.h"
-#include "src/format/writer.h"
 #include "src/saver/saver_common.h"
-#include "src/util/io_status.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
 
@@ -39,7 +36,8 @@ class CheckpointSaverHook::Impl {
     SaveStats stats;
     stats.step = step;
     stats.final_level = options_.compression.level;
-    stats.status = WriteAndCommit(step, &stats);
+    CheckpointMetadata metadata{step, options_.clock(), options_.user_metadata};
+    stats.status = WriteAndCommit(options_, storage_, *registry_, metadata, &stats);
     stats.seconds_to_durable = SecondsSince(start);
     stats.blocked_seconds = stats.seconds_to_durable;
     AddToTotals(stats, &totals_);
@@ -61,55 +59,6 @@ class CheckpointSaverHook::Impl {
   const SaverTotals& totals() const { return totals_; }
 
  private:
-  // Gathers host pointers; device tensors are copied into host buffers first.
-  Status Gather(std::vector<format::HostTensor>* tensors, std::vector<PinnedBuffer>* copies) {
-    for (const TensorRef& ref : registry_->tensors()) {
-      const void* data = ref.data;
-      if (ref.device && ref.device->kind() != DeviceKind::kHost && ref.bytes > 0) {
-        ASSIGN_OR_RETURN(PinnedBuffer copy, ref.device->allocate_pinned(ref.bytes));
-        RETURN_IF_ERROR(ref.device->copy_to_host(ref.data, copy.data(), ref.bytes)
-                            .WithContext("copying tensor '" + ref.name + "' to the host"));
-        data = copy.data();
-        copies->push_back(std::move(copy));
-      }
-      tensors->push_back(format::HostTensor{ref.name, ref.dtype, ref.shape, data, ref.bytes});
-    }
-    return Status::OK();
-  }
-
-  Status WriteAndCommit(int64_t step, SaveStats* stats) {
-    const std::string final_name = format::CheckpointDirName(options_.basename, step);
-    const std::string tmp_name = TempDirName(final_name);
-    const std::string tmp_path = options_.checkpoint_dir + "/" + tmp_name;
-    io::FileSystem& fs = *storage_.fs;
-    Status status = [&]() -> Status {
-      std::vector<format::HostTensor> tensors;
-      std::vector<PinnedBuffer> copies;
-      RETURN_IF_ERROR(Gather(&tensors, &copies));
-      CheckpointMetadata metadata{step, options_.clock(), options_.user_metadata};
-      RETURN_IF_ERROR(ToStatus(fs.create_dir(tmp_path)));
-      format::WriterOptions writer_options;
-      writer_options.chunk_bytes = options_.chunk_bytes;
-      writer_options.num_data_files = options_.num_data_files;
-      writer_options.compression = options_.compression;
-      writer_options.use_o_direct = options_.use_o_direct;
-      ASSIGN_OR_RETURN(
-          format::WriteStats written,
-          format::WriteCheckpointFiles(fs, tmp_path, tensors, metadata, writer_options));
-      stats->bytes_raw = written.bytes_raw;
-      stats->bytes_stored = written.bytes_stored;
-      stats->chunks_by_codec = written.chunks_by_codec;
-      RETURN_IF_ERROR(CommitDirectory(fs, options_.checkpoint_dir, tmp_name, final_name));
-      stats->path = options_.checkpoint_dir + "/" + final_name;
-      return storage_.manager->RecordCommitted(final_name, metadata.wall_time);
-    }();
-    if (!status.ok() && stats->path.empty()) {
-      bool exists = false, is_dir = false;
-      if (fs.stat(tmp_path, &exists, &is_dir).ok() && exists) (void)fs.remove_tree(tmp_path);
-    }
-    return status.WithContext("saving " + final_name);
-  }
-
   SaverOptions options_;
   const TensorRegistry* registry_;
   std::vector<CheckpointSaverListener*> listeners_;

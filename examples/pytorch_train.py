@@ -1,0 +1,143 @@
+#!/usr/bin/python3
+"""Trains a small convolutional network on scikit-learn's handwritten digits, checkpointing with
+asyncckpt; run it again with the same --checkpoint-dir and it resumes where the last durable
+checkpoint left off, and ends bit for bit where an uninterrupted run ends.
+
+    PYTHONPATH=build/python /usr/bin/python3 examples/pytorch_train.py --checkpoint-dir /tmp/digits
+
+(/usr/bin/python3: Debian's python3-torch and python3-sklearn belong to that interpreter; with
+the package installed by `cmake --install`, PYTHONPATH is not needed.)
+
+Deterministic: seeded, one thread, torch.use_deterministic_algorithms, and each step's batch a
+function of the step alone, so the checkpoint holds everything the run depends on: the model,
+the optimizer, and the random generator that dropout draws from.
+"""
+
+import argparse
+import hashlib
+import json
+import sys
+
+import numpy as np
+import torch
+from sklearn.datasets import load_digits
+
+import asyncckpt
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint-dir", required=True, help="where checkpoints go")
+    parser.add_argument("--steps", type=int, default=600, help="last global step")
+    parser.add_argument("--save-steps", type=int, default=25, help="save every N steps")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-every", type=int, default=100, help="print accuracy every N steps")
+    parser.add_argument("--sync", action="store_true", help="save on the training thread")
+    parser.add_argument("--progress", action="store_true", help="print 'step N' after each step")
+    parser.add_argument("--digest-file", help="write the final state's digests here (JSON)")
+    return parser.parse_args(argv)
+
+
+class DigitsNet(torch.nn.Module):
+    """Two convolutions and two dense layers over 8x8 images."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2))
+        self.classifier = torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(32 * 4 * 4, 64), torch.nn.ReLU(),
+            torch.nn.Dropout(0.25), torch.nn.Linear(64, 10))
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+def load_data(seed):
+    digits = load_digits()
+    images = torch.from_numpy((digits.images / 16.0).astype(np.float32)).unsqueeze(1)
+    labels = torch.from_numpy(digits.target.astype(np.int64))
+    order = torch.from_numpy(np.random.default_rng(seed).permutation(len(labels)))
+    test, train = order[:297], order[297:]
+    return (images[train], labels[train]), (images[test], labels[test])
+
+
+def batch_indices(step, n, batch_size, seed):
+    """The batch of global step `step` (1-based): a fresh permutation every epoch."""
+    per_epoch = n // batch_size
+    epoch, i = divmod(step - 1, per_epoch)
+    order = np.random.default_rng([seed, epoch]).permutation(n)
+    return torch.from_numpy(order[i * batch_size:(i + 1) * batch_size])
+
+
+def accuracy(model, images, labels):
+    model.eval()
+    with torch.no_grad():
+        correct = (model(images).argmax(dim=1) == labels).sum().item()
+    model.train()
+    return correct / len(labels)
+
+
+def digests(model, optimizer):
+    """sha256 of every tensor's bytes (and of the optimizer's settings), by name."""
+    out = {}
+    for name, tensor in model.state_dict().items():
+        out[f"model/{name}"] = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()
+    optimizer_state = optimizer.state_dict()
+    for index, entry in optimizer_state["state"].items():
+        for name, tensor in entry.items():
+            out[f"optimizer/{index}/{name}"] = hashlib.sha256(
+                tensor.numpy().tobytes()).hexdigest()
+    out["optimizer/param_groups"] = hashlib.sha256(
+        repr(optimizer_state["param_groups"]).encode()).hexdigest()
+    return out
+
+
+def main(argv):
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(args.seed)
+    (train_x, train_y), (test_x, test_y) = load_data(args.seed)
+    model = DigitsNet()
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+
+    def state(step):
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "rng": torch.get_rng_state(), "step": step}
+
+    with asyncckpt.CheckpointManager(args.checkpoint_dir, save_steps=args.save_steps,
+                                     max_to_keep=3, asynchronous=not args.sync) as manager:
+        restored = state(0)
+        if manager.restore(restored) is not None:
+            model.load_state_dict(restored["model"])
+            optimizer.load_state_dict(restored["optimizer"])
+            torch.set_rng_state(restored["rng"])
+            print(f"resumed from step {restored['step']}", flush=True)
+        for step in range(restored["step"] + 1, args.steps + 1):
+            batch = batch_indices(step, len(train_y), args.batch_size, args.seed)
+            loss = torch.nn.functional.cross_entropy(model(train_x[batch]), train_y[batch])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            manager.maybe_save(step, state(step))
+            if args.progress:
+                print(f"step {step}", flush=True)
+            if step % args.eval_every == 0 or step == args.steps:
+                print(f"step {step} loss {loss.item():.4f} "
+                      f"test accuracy {accuracy(model, test_x, test_y):.4f}", flush=True)
+        blocked = [s.blocked_seconds for s in manager.stats().saves]
+    final = accuracy(model, test_x, test_y)
+    print(f"final test accuracy {final!r} after {args.steps} steps; {len(blocked)} saves in this "
+          f"run, blocked {sum(blocked):.4f} s in all", flush=True)
+    if args.digest_file:
+        with open(args.digest_file, "w") as f:
+            json.dump({"accuracy": final, "digests": digests(model, optimizer)}, f, indent=1,
+                      sort_keys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

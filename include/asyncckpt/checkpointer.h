@@ -1,0 +1,97 @@
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "asyncckpt/reader.h"
+#include "asyncckpt/saver_hook.h"
+#include "asyncckpt/status.h"
+#include "asyncckpt/tensor.h"
+
+namespace asyncckpt {
+
+/// Saves on demand, for a training loop that is not built from hooks (a Python loop, a
+/// hand-written C++ loop): the loop calls save() or maybe_save() at its own steps and hands over
+/// the tensors to save each time, so the set of tensors may change between saves (an optimizer
+/// whose state appears after its first step). Same options, checkpoint layout, retention and
+/// state file as the saver hooks; the asynchronous mode runs the same engine as
+/// AsyncCheckpointSaverHook, the synchronous mode the same writer as CheckpointSaverHook.
+///
+/// Failures. Bad input (a tensor the format cannot hold, metadata too large, a call after
+/// close()) is returned by the call that got it, and nothing is written. A save that fails while
+/// writing (I/O, commit) is recorded in totals() and then, with OnError::kStop, returned by the
+/// save that failed (synchronous) or by the next save / maybe_save / wait_until_finished / close
+/// (asynchronous), and by every such call after it: the checkpointer saves nothing more. With
+/// OnError::kContinue it is logged and counted, and the calls go on returning OK.
+///
+/// Threads: save, maybe_save, due, wait_until_finished, close and open are called from one
+/// thread at a time (the training thread); totals, all_steps, latest_step and checkpoint_path
+/// from any thread.
+class Checkpointer {
+ public:
+  /// Validates the options (InvalidArgument naming the field), creates checkpoint_dir, removes
+  /// temporaries of interrupted saves, and recovers the retained list from the state file.
+  /// `asynchronous` picks the engine (true) or the synchronous writer (false).
+  static Result<std::unique_ptr<Checkpointer>> Create(SaverOptions options,
+                                                      bool asynchronous = true);
+  /// Waits for the saves in flight; their failures are dropped (close() reports them).
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  /// True when options.save_steps / save_secs make a save due at `step` (SecondOrStepTimer's
+  /// rules: the first step seen is due, no step twice, then every N steps or seconds after the
+  /// last save).
+  bool due(int64_t step) const;
+
+  /// Saves the tensors of `registry` as checkpoint `step` now, with `user_metadata` added to
+  /// options.user_metadata (a per-save value wins). Returns once the tensors' buffers may change
+  /// again: asynchronous, after the snapshot copy into staging (the write goes on in the
+  /// background); synchronous, once the checkpoint is committed. The registry is read only
+  /// during the call. A save whose snapshot is larger than staging_bytes = 0 sized for (a state
+  /// that grew) first waits for the saves in flight and re-sizes staging. Never skipped for a
+  /// busy staging (on_busy applies to maybe_save).
+  Status save(int64_t step, const TensorRegistry& registry,
+              const std::map<std::string, std::string>& user_metadata = {});
+
+  /// Saves as save() does when due(step); true when a save was taken. With OnBusy::kSkip an
+  /// asynchronous save is skipped (false, counted in totals().saves_skipped) while staging is
+  /// still held by earlier saves; the next due step tries again.
+  Result<bool> maybe_save(int64_t step, const TensorRegistry& registry,
+                          const std::map<std::string, std::string>& user_metadata = {});
+
+  /// Blocks until every save so far is committed or failed; with OnError::kStop, the first
+  /// failure (see the class comment).
+  Status wait_until_finished();
+
+  /// wait_until_finished(), then refuses further saves (FailedPrecondition). Idempotent.
+  Status close();
+
+  /// Totals so far, every save's stats in step order.
+  SaverTotals totals() const;
+
+  /// Steps of the retained checkpoints, oldest first (committed saves only).
+  std::vector<int64_t> all_steps() const;
+  /// The newest retained step, or nullopt when there is none.
+  std::optional<int64_t> latest_step() const;
+  /// The directory of checkpoint `step` ("<checkpoint_dir>/<basename>-<step>").
+  std::string checkpoint_path(int64_t step) const;
+
+  /// Opens checkpoint `step` (the latest when nullopt) for reading, through the options' file
+  /// system. The checkpoint is protected from retention until the reader is destroyed, so the
+  /// reader must not outlive the checkpointer. NotFound when there is no such checkpoint.
+  Result<std::unique_ptr<CheckpointReader>> open(std::optional<int64_t> step = std::nullopt);
+
+  /// Internal state (defined in the source file).
+  class Impl;
+
+ private:
+  explicit Checkpointer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace asyncckpt

@@ -1,0 +1,489 @@
+"""Nested state <-> named tensors plus a JSON description of everything else.
+
+A state is a dict (str or int keys), list or tuple, nested, whose leaves are torch tensors, NumPy
+arrays, or plain values (None, bool, int, float, complex, str, bytes, NumPy scalars). Each tensor
+becomes one named tensor of the checkpoint, its name the path of keys joined with "/", each key
+escaped as in a JSON pointer ("~" -> "~0", "/" -> "~1", an empty key -> "~e"), so that names
+are unambiguous. The tree itself (container types, key types, every plain value bit for bit, and
+which tensor sits where with its torch or NumPy dtype) is JSON in the checkpoint's metadata, under
+the keys "asyncckpt.python.tree.NNNNN" (split into pieces the format accepts).
+
+No tensor bytes pass through Python: a leaf carries the address of its memory, which the C++
+engine copies from (save) or reads into (restore, load).
+"""
+
+import base64
+import collections
+import json
+import struct
+import sys
+
+import numpy as np
+
+from . import _dtypes
+
+TREE_KEY_PREFIX = "asyncckpt.python.tree."
+FORMAT_KEY = "asyncckpt.python.format"
+FORMAT_VERSION = "1"
+_PIECE_CHARS = 512 * 1024  # well under the format's 1 MiB per metadata value
+
+
+def _torch():
+    """The torch module when the program imported it (a state cannot hold tensors otherwise)."""
+    return sys.modules.get("torch")
+
+
+def escape(key):
+    """The tensor-name component of one key."""
+    if key == "":
+        return "~e"
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _where(names):
+    return "'" + "/".join(names) + "'" if names else "the state's root"
+
+
+def is_tensor(value):
+    torch = _torch()
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def is_array(value):
+    return isinstance(value, np.ndarray) or is_tensor(value)
+
+
+def _contains_array(value):
+    if is_array(value):
+        return True
+    if isinstance(value, dict):
+        return any(_contains_array(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_contains_array(v) for v in value)
+    return False
+
+
+class Leaf:
+    """One tensor to save: its name, stored dtype and shape, and memory (kept alive here)."""
+
+    __slots__ = ("name", "stored_dtype", "stored_shape", "array", "address", "nbytes", "cuda")
+
+    def spec(self):
+        return (self.name, self.stored_dtype, self.stored_shape, self.address, self.nbytes,
+                self.cuda)
+
+
+def _cuda_ordinal(tensor, where):
+    kind = tensor.device.type
+    if kind == "cpu":
+        return None
+    if kind == "cuda":
+        index = tensor.device.index
+        return index if index is not None else _torch().cuda.current_device()
+    raise TypeError(f"tensor at {where} is on {tensor.device}; asyncckpt reads host and CUDA "
+                    "memory only: move it to the CPU first")
+
+
+def _torch_leaf(tensor, names):
+    torch = _torch()
+    where = _where(names)
+    if tensor.layout != torch.strided:
+        raise TypeError(f"tensor at {where} has layout {tensor.layout}; asyncckpt stores dense "
+                        "tensors only: save tensor.to_dense()")
+    if tensor.is_quantized:
+        raise TypeError(f"tensor at {where} is quantized ({tensor.dtype}), which asyncckpt "
+                        "cannot store exactly: save its int_repr() and quantization parameters")
+    canonical = _dtypes.torch_dtype_name(tensor.dtype)
+    stored, is_complex = _dtypes.stored_form(canonical, f"tensor at {where}")
+    leaf = Leaf()
+    leaf.cuda = _cuda_ordinal(tensor, where)
+    tensor = tensor.detach()
+    # Lazy conjugation and negation are flags on a view: the memory holds the unresolved values.
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    if tensor.is_neg():
+        tensor = tensor.resolve_neg()
+    # A non-contiguous tensor is copied contiguous here (one extra copy, on this thread).
+    tensor = tensor.contiguous()
+    shape = list(tensor.shape)
+    leaf.name = "/".join(names)
+    leaf.stored_dtype = stored
+    leaf.stored_shape = shape + [2] if is_complex else shape
+    leaf.array = tensor
+    leaf.address = tensor.data_ptr()
+    leaf.nbytes = tensor.numel() * tensor.element_size()
+    node = {"T": leaf.name, "k": "torch", "dt": canonical, "sh": shape}
+    return leaf, node
+
+
+def _numpy_leaf(array, names):
+    where = _where(names)
+    if isinstance(array, np.ma.MaskedArray):
+        raise TypeError(f"array at {where} is a masked array; save its data and mask as two "
+                        "arrays")
+    if array.dtype.kind not in "biufc" or array.dtype.fields is not None:
+        raise TypeError(f"array at {where} has dtype {array.dtype}, which asyncckpt cannot "
+                        "store: only numeric and bool arrays")
+    canonical = _dtypes.numpy_dtype_name(array.dtype)
+    stored, is_complex = _dtypes.stored_form(canonical, f"array at {where}")
+    original_dtype = array.dtype.str
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    if not array.flags.c_contiguous:
+        array = array.copy(order="C")  # one extra copy, on this thread
+    shape = list(array.shape)
+    leaf = Leaf()
+    leaf.name = "/".join(names)
+    leaf.stored_dtype = stored
+    leaf.stored_shape = shape + [2] if is_complex else shape
+    leaf.array = array
+    leaf.address = array.__array_interface__["data"][0]
+    leaf.nbytes = array.nbytes
+    leaf.cuda = None
+    node = {"T": leaf.name, "k": "numpy", "dt": original_dtype, "sh": shape}
+    return leaf, node
+
+
+def _pack_double(value):
+    return struct.pack("<d", value).hex()
+
+
+def _unpack_double(text):
+    return struct.unpack("<d", bytes.fromhex(text))[0]
+
+
+def encode_value(value, where):
+    """The JSON node of a plain value, exact in type and value; TypeError for anything else."""
+    kind = type(value)
+    if value is None:
+        return {"n": 0}
+    if kind is bool:
+        return {"b": value}
+    if kind is int:
+        return {"i": value}
+    if kind is float:
+        return {"f": _pack_double(value)}  # every bit, NaN payloads and -0.0 included
+    if kind is complex:
+        return {"c": [_pack_double(value.real), _pack_double(value.imag)]}
+    if kind is str:
+        return {"s": value}
+    if kind is bytes:
+        return {"y": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, np.generic) and value.dtype.kind in "biufc":
+        return {"ns": value.dtype.str, "v": value.tobytes().hex()}
+    raise TypeError(f"the value at {where} is a {kind.__module__}.{kind.__qualname__}, which "
+                    "asyncckpt cannot store: use tensors, arrays, dicts, lists, tuples, None, "
+                    "bool, int, float, complex, str, bytes or NumPy scalars")
+
+
+def decode_value(node):
+    if "n" in node:
+        return None
+    if "b" in node:
+        return bool(node["b"])
+    if "i" in node:
+        return int(node["i"])
+    if "f" in node:
+        return _unpack_double(node["f"])
+    if "c" in node:
+        return complex(_unpack_double(node["c"][0]), _unpack_double(node["c"][1]))
+    if "s" in node:
+        return node["s"]
+    if "y" in node:
+        return base64.b64decode(node["y"])
+    if "ns" in node:
+        return np.frombuffer(bytes.fromhex(node["v"]), dtype=np.dtype(node["ns"]))[0]
+    raise ValueError(f"unknown node in the checkpoint's Python tree: {sorted(node)}")
+
+
+def _dict_key_component(key, names):
+    if type(key) is str:
+        return escape(key)
+    if type(key) is int:
+        return str(key)
+    raise TypeError(f"the dict at {_where(names)} has a key {key!r} of type "
+                    f"{type(key).__name__}; asyncckpt stores str and int keys only")
+
+
+def _flatten(value, names, leaves, allow_arrays=True):
+    if is_array(value):
+        if not allow_arrays:
+            raise TypeError(f"a tensor at {_where(names)} where only plain values may be")
+        leaf, node = (_torch_leaf if is_tensor(value) else _numpy_leaf)(value, names)
+        leaves.append(leaf)
+        return node
+    if isinstance(value, dict):
+        entries = []
+        components = {}
+        for key, child in value.items():
+            component = _dict_key_component(key, names)
+            if component in components:
+                raise ValueError(f"the keys {components[component]!r} and {key!r} of the dict at "
+                                 f"{_where(names)} would both be named '{component}'")
+            components[component] = key
+            entries.append([key, _flatten(child, names + [component], leaves, allow_arrays)])
+        node = {"d": entries}
+        if type(value) is collections.OrderedDict:
+            node["o"] = 1
+            # model.state_dict() carries the modules' versions here; load_state_dict reads them.
+            versions = getattr(value, "_metadata", None)
+            if versions is not None:
+                node["m"] = _flatten(versions, names + ["_metadata"], leaves, allow_arrays=False)
+        return node
+    if type(value) in (list, tuple):
+        items = [_flatten(child, names + [str(i)], leaves, allow_arrays)
+                 for i, child in enumerate(value)]
+        return {"l" if type(value) is list else "t": items}
+    return encode_value(value, _where(names))
+
+
+def flatten(state):
+    """(leaves, metadata) of a state whose root is a dict, list or tuple."""
+    if not isinstance(state, (dict, list, tuple)):
+        raise TypeError(f"a state is a dict, list or tuple of tensors and values, not a "
+                        f"{type(state).__name__}")
+    leaves = []
+    root = _flatten(state, [], leaves)
+    text = json.dumps({"root": root}, separators=(",", ":"), allow_nan=False)
+    metadata = {FORMAT_KEY: FORMAT_VERSION}
+    for index, start in enumerate(range(0, max(len(text), 1), _PIECE_CHARS)):
+        metadata[f"{TREE_KEY_PREFIX}{index:05d}"] = text[start:start + _PIECE_CHARS]
+    return leaves, metadata
+
+
+def read_tree(user_metadata, path):
+    """The root node stored in a checkpoint's metadata, or None for a checkpoint without one."""
+    if FORMAT_KEY not in user_metadata:
+        return None
+    if user_metadata[FORMAT_KEY] != FORMAT_VERSION:
+        raise ValueError(f"{path}: Python tree format {user_metadata[FORMAT_KEY]!r}; this "
+                         f"asyncckpt reads format {FORMAT_VERSION}")
+    pieces = sorted(k for k in user_metadata if k.startswith(TREE_KEY_PREFIX))
+    try:
+        return json.loads("".join(user_metadata[k] for k in pieces))["root"]
+    except (ValueError, KeyError) as error:
+        raise ValueError(f"{path}: the Python tree in the metadata is damaged: {error}") from None
+
+
+# ---- building and filling ------------------------------------------------------------------
+
+def node_canonical(node):
+    return node["dt"] if node["k"] == "torch" else np.dtype(node["dt"]).name
+
+
+def _stored_shape(node, canonical):
+    _, is_complex = _dtypes.STORED[canonical]
+    return list(node["sh"]) + [2] if is_complex else list(node["sh"])
+
+
+class Plan:
+    """Reads to run in one C++ call, then what to do once they succeeded."""
+
+    def __init__(self):
+        self.specs = []
+        self.keep = []  # arrays read into, alive until the reads are done
+        self.copies = []  # (destination, contiguous temporary)
+        self.assigns = []  # (container, key, value)
+
+    def read(self, name, canonical, node_shape, array, address, cuda):
+        stored, _ = _dtypes.STORED[canonical]
+        nbytes = array.nbytes if isinstance(array, np.ndarray) else (
+            array.numel() * array.element_size())
+        self.specs.append((name, stored, node_shape, address, nbytes, cuda))
+        self.keep.append(array)
+
+    def finish(self):
+        for destination, temporary in self.copies:
+            if isinstance(destination, np.ndarray):
+                np.copyto(destination, temporary)
+            else:
+                with _torch().no_grad():
+                    destination.copy_(temporary)
+        for container, key, value in self.assigns:
+            container[key] = value
+
+
+def new_array(node, where):
+    """An empty tensor or array for a tensor node (on the CPU)."""
+    canonical = node_canonical(node)
+    if node["k"] == "torch":
+        torch = _torch()
+        if torch is None:
+            import torch  # noqa: F811 - a torch tensor is rebuilt as one
+        dtype = _dtypes.torch_dtype(canonical)
+        if dtype is None:
+            raise TypeError(f"tensor at {where} has dtype {canonical}, which this torch "
+                            f"({torch.__version__}) lacks")
+        return torch.empty(node["sh"], dtype=dtype)
+    return np.empty(node["sh"], dtype=np.dtype(node["dt"]).newbyteorder("="))
+
+
+def _address(array):
+    if isinstance(array, np.ndarray):
+        return array.__array_interface__["data"][0]
+    return array.data_ptr()
+
+
+def build(node, names, plan):
+    """A new object for `node`; its tensors are read by the plan."""
+    if "T" in node:
+        array = new_array(node, _where(names))
+        canonical = node_canonical(node)
+        plan.read(node["T"], canonical, _stored_shape(node, canonical), array, _address(array),
+                  None)
+        if node["k"] == "numpy" and not np.dtype(node["dt"]).isnative:
+            # Read in native order; handed back in the byte order it was saved with.
+            swapped = array.astype(np.dtype(node["dt"]))
+            plan.keep.append(array)
+            plan.copies.append((swapped, array))
+            return swapped
+        return array
+    if "d" in node:
+        kind = collections.OrderedDict if node.get("o") else dict
+        out = kind()
+        for key, child in node["d"]:
+            out[key] = build(child, names + [_key_name(key)], plan)
+        if "m" in node:
+            out._metadata = build(node["m"], names + ["_metadata"], plan)
+        return out
+    if "l" in node:
+        return [build(child, names + [str(i)], plan) for i, child in enumerate(node["l"])]
+    if "t" in node:
+        return tuple(build(child, names + [str(i)], plan) for i, child in enumerate(node["t"]))
+    return decode_value(node)
+
+
+def _key_name(key):
+    return escape(key) if isinstance(key, str) else str(key)
+
+
+def _describe(value):
+    if is_tensor(value):
+        return f"a torch tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    if isinstance(value, np.ndarray):
+        return f"a NumPy array of shape {value.shape} and dtype {value.dtype}"
+    return f"a {type(value).__name__}"
+
+
+def describe_node(node):
+    if "T" in node:
+        return f"a tensor of shape {tuple(node['sh'])} and dtype {node_canonical(node)}"
+    for key, what in (("d", "dict"), ("l", "list"), ("t", "tuple")):
+        if key in node:
+            return f"a {what}"
+    return f"a {type(decode_value(node)).__name__}"
+
+
+def fill_tensor(template, node, names, plan):
+    where = _where(names)
+    canonical = node_canonical(node)
+    if is_tensor(template):
+        have = _dtypes.torch_dtype_name(template.dtype)
+    else:
+        have = _dtypes.numpy_dtype_name(template.dtype)
+    if have != canonical or list(template.shape) != list(node["sh"]):
+        raise ValueError(f"cannot restore {where}: the checkpoint holds {describe_node(node)}, "
+                         f"the given state {_describe(template)}")
+    stored_shape = _stored_shape(node, canonical)
+    if isinstance(template, np.ndarray):
+        if not template.flags.writeable:
+            raise ValueError(f"cannot restore {where}: the given array is read-only")
+        if template.flags.c_contiguous and template.dtype.isnative:
+            plan.read(node["T"], canonical, stored_shape, template, _address(template), None)
+        else:
+            temporary = np.empty(template.shape, dtype=template.dtype.newbyteorder("="))
+            plan.read(node["T"], canonical, stored_shape, temporary, _address(temporary), None)
+            plan.copies.append((template, temporary))
+        return
+    cuda = _cuda_ordinal(template, where)
+    if template.is_contiguous() and not template.is_conj() and not template.is_neg():
+        plan.read(node["T"], canonical, stored_shape, template, template.data_ptr(), cuda)
+    else:
+        temporary = _torch().empty(template.shape, dtype=template.dtype, device=template.device)
+        plan.read(node["T"], canonical, stored_shape, temporary, temporary.data_ptr(), cuda)
+        plan.copies.append((template, temporary))
+
+
+def fill(template, node, names, plan):
+    """The value at this position after the restore: `template` filled in place, or a new one.
+
+    Tensors and arrays are filled in place (dtype and shape must match); dicts and lists are
+    updated in place; tuples and plain values are replaced. A position that holds None in the
+    template takes whatever the checkpoint has.
+    """
+    where = _where(names)
+    if template is None:
+        return build(node, names, plan)
+    if "T" in node:
+        if not is_array(template):
+            raise ValueError(f"cannot restore {where}: the checkpoint holds "
+                             f"{describe_node(node)}, the given state {_describe(template)}")
+        fill_tensor(template, node, names, plan)
+        return template
+    if is_array(template):
+        raise ValueError(f"cannot restore {where}: the checkpoint holds {describe_node(node)}, "
+                         f"the given state {_describe(template)}")
+    if "d" in node:
+        if not isinstance(template, dict):
+            return _replace(template, node, names, plan)
+        saved_keys = {key for key, _ in node["d"]}
+        for key in template:
+            if key not in saved_keys:
+                raise ValueError(f"cannot restore: {_where(names + [_key_name(key)])} is in the "
+                                 "given state but not in the checkpoint")
+        for key, child in node["d"]:
+            child_names = names + [_key_name(key)]
+            if key in template:
+                value = fill(template[key], child, child_names, plan)
+                if value is not template[key]:
+                    plan.assigns.append((template, key, value))
+            else:
+                plan.assigns.append((template, key, build(child, child_names, plan)))
+        if "m" in node and type(template) is collections.OrderedDict:
+            template._metadata = build(node["m"], names + ["_metadata"], plan)
+        return template
+    if "l" in node:
+        if not isinstance(template, list):
+            return _replace(template, node, names, plan)
+        if len(template) == len(node["l"]):
+            for i, child in enumerate(node["l"]):
+                value = fill(template[i], child, names + [str(i)], plan)
+                if value is not template[i]:
+                    plan.assigns.append((template, i, value))
+            return template
+        if _contains_array(template):
+            raise ValueError(f"cannot restore {where}: the checkpoint's list has "
+                             f"{len(node['l'])} items, the given one {len(template)}")
+        plan.assigns.append((template, slice(None), build(node, names, plan)))
+        return template
+    if "t" in node:
+        if type(template) is not tuple or len(template) != len(node["t"]):
+            return _replace(template, node, names, plan)
+        return tuple(fill(item, child, names + [str(i)], plan)
+                     for i, (item, child) in enumerate(zip(template, node["t"])))
+    return _replace(template, node, names, plan)
+
+
+def _replace(template, node, names, plan):
+    """The checkpoint's value in place of a template value that holds no tensor."""
+    if _contains_array(template):
+        raise ValueError(f"cannot restore {_where(names)}: the checkpoint holds "
+                         f"{describe_node(node)}, the given state {_describe(template)} with "
+                         "tensors in it")
+    return build(node, names, plan)
+
+
+def template_leaves(value, names, out):
+    """(name, tensor or array, names) of every tensor of a template, its keys joined with "/"
+    unescaped: the names of a checkpoint written without the Python layer, which {"a": {"b": x}}
+    and {"a/b": x} both match."""
+    if is_array(value):
+        out.append(("/".join(names), value, names))
+    elif isinstance(value, dict):
+        for key, child in value.items():
+            _dict_key_component(key, names)  # refuses keys no name can hold
+            template_leaves(child, names + [str(key)], out)
+    elif isinstance(value, (list, tuple)):
+        for i, child in enumerate(value):
+            template_leaves(child, names + [str(i)], out)
+    return out

@@ -1,0 +1,288 @@
+"""CheckpointManager, load() and the statistics types: the Python face of asyncckpt."""
+
+import dataclasses
+import os
+import warnings
+import weakref
+
+from . import _core
+from . import _dtypes
+from . import _tree
+
+CheckpointError = _core.CheckpointError
+
+
+@dataclasses.dataclass(frozen=True)
+class SaveStats:
+    """What one save did (the C++ SaveStats). Times in seconds."""
+
+    step: int
+    path: str  #: the committed checkpoint directory ("" when the save failed before its commit)
+    ok: bool
+    error: "str | None"  #: why it failed, or None
+    bytes_raw: int  #: bytes of tensor data
+    bytes_stored: int  #: bytes written to data files
+    chunks_by_codec: dict  #: chunks written per codec ("raw", "zstd", "shuffle+zstd")
+    final_level: int  #: zstd level at the end of the save (the engine may lower it under load)
+    switched_to_raw: bool  #: the engine stored the rest raw because encoding was the bottleneck
+    blocked_seconds: float  #: time the training thread was blocked by this save
+    seconds_to_durable: float  #: from the start of the save until it was durable and committed
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """Totals over a manager's life, and every save's SaveStats in step order."""
+
+    saves_committed: int
+    saves_failed: int
+    saves_skipped: int  #: maybe_save skipped because staging was busy (on_busy="skip")
+    blocked_seconds_total: float
+    blocked_seconds_max: float
+    bytes_raw: int
+    bytes_stored: int
+    staging_high_water_bytes: int
+    stale_temporaries_removed: list  #: temporaries of interrupted saves removed at start
+    saves: list
+
+
+def _stats(totals):
+    saves = [SaveStats(**save) for save in totals.pop("saves")]
+    return Stats(saves=saves, **totals)
+
+
+def _close_quietly(core):
+    """At garbage collection or interpreter exit: wait for saves in flight, report, close."""
+    try:
+        core.close()
+    except Exception as error:  # noqa: BLE001 - reported, never raised from a finalizer
+        warnings.warn(f"asyncckpt: a checkpoint save failed: {error}", RuntimeWarning)
+
+
+class CheckpointManager:
+    """Saves and restores a training job's state in a checkpoint directory.
+
+    The options are the C++ SaverOptions under their own names. Exactly one of ``save_steps`` /
+    ``save_secs`` drives ``maybe_save`` (TensorFlow's SecondOrStepTimer: the first step it sees
+    saves, then every N steps or seconds); with neither, only ``save`` may be called. A bad option
+    raises ValueError with the C++ message.
+
+    ``asynchronous=True`` (the default): ``save`` returns once the state is copied into pinned
+    staging memory; compression, writing and the commit run on background threads.
+    ``asynchronous=False``: ``save`` returns once the checkpoint is committed.
+
+    A save that fails in the background raises ``CheckpointError`` at the next ``save`` /
+    ``maybe_save`` / ``wait_until_finished`` / ``close`` with ``on_error="stop"`` (and at every
+    later one: the manager saves nothing more), or is logged and warned about (RuntimeWarning)
+    with ``on_error="continue"``. Earlier checkpoints are never touched by a failed save.
+
+    Not thread-safe beyond this: calls from several threads are serialised.
+    """
+
+    def __init__(self, directory, *, save_steps=None, save_secs=None, max_to_keep=5,
+                 keep_checkpoint_every_n_hours=0, compression="shuffle+zstd",
+                 compression_level=1, staging_bytes=0, on_busy="wait", on_error="stop",
+                 asynchronous=True, basename="model.ckpt", chunk_bytes=4 << 20, num_data_files=2,
+                 background_threads=0, queue_depth=64, use_o_direct=True, force_posix_io=False,
+                 metadata=None):
+        self._scheduled = save_steps is not None or save_secs is not None
+        self._directory = os.fspath(directory)
+        self._on_error = on_error
+        self._failures_seen = 0
+        self._core = _core.Checkpointer(
+            self._directory,
+            # The C++ options need a schedule; save() alone ignores it, maybe_save refuses.
+            save_steps if self._scheduled else 1,
+            save_secs, max_to_keep, float(keep_checkpoint_every_n_hours), compression,
+            compression_level, staging_bytes, on_busy, on_error, asynchronous, basename,
+            chunk_bytes, num_data_files, background_threads, queue_depth, use_o_direct,
+            force_posix_io, dict(metadata or {}))
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _close_quietly, self._core)
+
+    # ---- saving ----------------------------------------------------------------------------
+
+    def save(self, step, state):
+        """Saves ``state`` as checkpoint ``step`` now.
+
+        Returns once the state may change again (asynchronous: after the snapshot copy).
+        """
+        leaves, metadata = _tree.flatten(state)
+        self._core.save(int(step), [leaf.spec() for leaf in leaves], metadata)
+        self._warn_about_failures()
+
+    def maybe_save(self, step, state):
+        """Saves ``state`` as checkpoint ``step`` when save_steps / save_secs say so.
+
+        Returns True when a save was taken (False when none was due, or with on_busy="skip" when
+        staging was still busy). Cheap when no save is due: the state is not even looked at.
+        """
+        if not self._scheduled:
+            raise ValueError("maybe_save needs save_steps or save_secs; use save() to save "
+                             "at a step of your choice")
+        step = int(step)
+        # Raises a background failure (on_error="stop") whether or not a save is due.
+        if not self._core.check_due(step):
+            return False
+        leaves, metadata = _tree.flatten(state)
+        taken = self._core.maybe_save(step, [leaf.spec() for leaf in leaves], metadata)
+        self._warn_about_failures()
+        return taken
+
+    def wait_until_finished(self):
+        """Blocks until every save so far is durable and committed (or failed)."""
+        self._core.wait_until_finished()
+        self._warn_about_failures()
+
+    def close(self):
+        """Waits like wait_until_finished, then refuses further saves. Idempotent."""
+        self._closed = True
+        self._finalizer.detach()
+        self._core.close()
+        self._warn_about_failures()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, traceback):
+        if exc_type is None:
+            self.close()
+            return
+        # Already unwinding: wait for the saves anyway, but let the first error through.
+        try:
+            self.close()
+        except CheckpointError as error:
+            warnings.warn(f"asyncckpt: a checkpoint save failed: {error}", RuntimeWarning)
+
+    def _warn_about_failures(self):
+        if self._on_error != "continue":
+            return
+        totals = self._core.totals()
+        if totals["saves_failed"] == self._failures_seen:
+            return
+        failed = [s for s in totals["saves"] if not s["ok"]][self._failures_seen:]
+        self._failures_seen = totals["saves_failed"]
+        for save in failed:
+            warnings.warn(f"asyncckpt: the save of step {save['step']} failed; training goes "
+                          f"on (on_error='continue'): {save['error']}", RuntimeWarning)
+
+    # ---- what is there ---------------------------------------------------------------------
+
+    @property
+    def directory(self):
+        """The checkpoint directory."""
+        return self._directory
+
+    def all_steps(self):
+        """Steps of the retained checkpoints, oldest first (committed saves only)."""
+        return list(self._core.all_steps())
+
+    def latest_step(self):
+        """The newest retained step, or None."""
+        return self._core.latest_step()
+
+    def checkpoint_path(self, step):
+        """The directory of checkpoint ``step``."""
+        return self._core.checkpoint_path(int(step))
+
+    def stats(self):
+        """A Stats: totals and every save's SaveStats, as the C++ SaverTotals."""
+        return _stats(self._core.totals())
+
+    # ---- restoring -------------------------------------------------------------------------
+
+    def restore(self, state, step=None):
+        """Fills ``state`` in place from checkpoint ``step`` (the latest when None).
+
+        Tensors and arrays are read straight into their memory, every chunk verified; their
+        dtypes and shapes must match the checkpoint's (ValueError naming the key otherwise, and
+        then nothing is changed). Dicts and lists are updated in place: keys the checkpoint has
+        and ``state`` lacks are added (a fresh optimizer's empty ``state``), plain values and
+        tuples are replaced by the saved ones. A key of ``state`` the checkpoint lacks is an
+        error. Returns the restored step, or None (``state`` untouched) when there is no
+        checkpoint yet.
+
+        Then hand the parts to their owners, as with torch.load:
+        ``model.load_state_dict(state["model"])``, ``optimizer.load_state_dict(...)``.
+        """
+        if not isinstance(state, (dict, list)):
+            raise TypeError("restore fills a dict or list in place; use load() for a new one")
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                return None
+        reader = self._core.open(int(step))
+        _restore_from(reader, state)
+        return reader.step
+
+    def load(self, step=None):
+        """A new state from checkpoint ``step`` (the latest when None), as asyncckpt.load."""
+        return _load_from(self._core.open(None if step is None else int(step)))
+
+
+def _restore_from(reader, state):
+    tree = _tree.read_tree(reader.metadata(), reader.path)
+    plan = _tree.Plan()
+    if tree is None:
+        _plan_by_name(reader, state, plan)
+    else:
+        if ("d" in tree) != isinstance(state, dict) or ("l" in tree) != isinstance(state, list):
+            raise ValueError(f"cannot restore from {reader.path}: it holds "
+                             f"{_tree.describe_node(tree)}, the given state is a "
+                             f"{type(state).__name__}")
+        _tree.fill(state, tree, [], plan)
+    reader.read_into(plan.specs)
+    plan.finish()
+
+
+def _plan_by_name(reader, state, plan):
+    """A checkpoint without a Python tree (written by the C++ hooks): tensors by name only."""
+    infos = {name: (dtype, shape) for name, dtype, shape, _, _ in reader.tensors()}
+    for name, array, names in _tree.template_leaves(state, [], []):
+        if name not in infos:
+            raise ValueError(f"cannot restore '{name}': {reader.path} has no tensor of that name")
+        stored, shape = infos[name]
+        canonical = _dtypes.CANONICAL_OF_STORED.get(stored, stored)
+        # Only the canonical dtype and the shape are compared, whichever library holds it.
+        node = {"T": name, "k": "torch", "dt": canonical, "sh": list(shape)}
+        _tree.fill_tensor(array, node, names, plan)
+
+
+def _load_from(reader):
+    tree = _tree.read_tree(reader.metadata(), reader.path)
+    plan = _tree.Plan()
+    if tree is None:
+        state = {}
+        for name, stored, shape, _, _ in reader.tensors():
+            canonical = _dtypes.CANONICAL_OF_STORED[stored]
+            numpy_dtype = _dtypes.numpy_dtype(canonical)
+            node = {"T": name, "k": "numpy" if numpy_dtype is not None else "torch",
+                    "dt": numpy_dtype.str if numpy_dtype is not None else canonical,
+                    "sh": list(shape)}
+            state[name] = _tree.build(node, [name], plan)
+    else:
+        state = _tree.build(tree, [], plan)
+    reader.read_into(plan.specs)
+    plan.finish()
+    return state
+
+
+def load(path):
+    """A new state (nested dicts, lists, tensors, arrays, values as saved) from ``path``.
+
+    ``path`` is a checkpoint (".../model.ckpt-1000") or a checkpoint directory (its latest
+    checkpoint). Torch tensors come back on the CPU. A checkpoint written without the Python
+    layer (by the C++ hooks) comes back as a flat dict of NumPy arrays keyed by tensor name
+    (torch tensors for bfloat16, which NumPy lacks).
+    """
+    path = os.fspath(path)
+    if not os.path.exists(os.path.join(path, "index")):
+        latest = _core.latest_checkpoint(path)
+        if latest is None:
+            raise FileNotFoundError(f"{path} is neither a checkpoint nor a directory with one")
+        path = latest
+    return _load_from(_core.open_reader(path))
+
+
+def latest_checkpoint(directory):
+    """The path of the newest checkpoint in ``directory``, or None."""
+    return _core.latest_checkpoint(os.fspath(directory))

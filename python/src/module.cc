@@ -1,0 +1,430 @@
+// asyncckpt._core: the pybind11 bindings under the Python package `asyncckpt`.
+//
+// Only the public API (include/asyncckpt/) is bound. Python hands tensors over as plain
+// descriptions (name, dtype, shape, address, bytes, CUDA ordinal) that the thin Python layer
+// takes from torch.Tensor.data_ptr() or the NumPy array interface: no bytes are copied here,
+// the engine copies them straight from that memory into its staging. Every call that blocks
+// (a snapshot copy, a synchronous save, waiting, reading) releases the GIL.
+//
+// Errors: a non-OK Status becomes ValueError (InvalidArgument), FileNotFoundError (NotFound) or
+// asyncckpt.CheckpointError (everything else, message "<code>: <what>").
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "asyncckpt/checkpointer.h"
+#include "asyncckpt/compression.h"
+#include "asyncckpt/device.h"
+#include "asyncckpt/dtype.h"
+#include "asyncckpt/reader.h"
+#include "asyncckpt/saver_hook.h"
+#include "asyncckpt/state.h"
+#include "asyncckpt/status.h"
+#include "asyncckpt/tensor.h"
+
+namespace py = pybind11;
+
+namespace asyncckpt::python {
+namespace {
+
+// Carries a Status out of a binding to the translator registered in the module.
+class StatusError : public std::exception {
+ public:
+  explicit StatusError(Status status) : status_(std::move(status)) {}
+  const char* what() const noexcept override { return status_.message().c_str(); }
+  const Status& status() const { return status_; }
+
+ private:
+  Status status_;
+};
+
+PyObject* checkpoint_error = nullptr;  // asyncckpt.CheckpointError, made once at import
+
+void Check(const Status& status) {
+  if (!status.ok()) throw StatusError(status);
+}
+
+template <typename T>
+T Take(Result<T> result) {
+  Check(result.status());
+  return std::move(result).value();
+}
+
+void TranslateStatusError(std::exception_ptr error) {
+  try {
+    if (error) std::rethrow_exception(error);
+  } catch (const StatusError& e) {
+    const Status& status = e.status();
+    switch (status.code()) {
+      case StatusCode::kInvalidArgument:
+        PyErr_SetString(PyExc_ValueError, status.message().c_str());
+        break;
+      case StatusCode::kNotFound:
+        PyErr_SetString(PyExc_FileNotFoundError, status.message().c_str());
+        break;
+      default:
+        PyErr_SetString(checkpoint_error, status.ToString().c_str());
+    }
+  }
+}
+
+// One CUDA device object per GPU, made on first use (a device holds streams and events).
+std::shared_ptr<Device> CudaDevice(int ordinal) {
+  static std::mutex mu;
+  static std::map<int, std::shared_ptr<Device>> devices;
+  std::lock_guard lock(mu);
+  auto found = devices.find(ordinal);
+  if (found != devices.end()) return found->second;
+  std::shared_ptr<Device> device = Take(NewCudaDevice(ordinal));
+  devices[ordinal] = device;
+  return device;
+}
+
+// A tensor as the Python layer describes it: (name, dtype name, shape, address, bytes, CUDA
+// ordinal or None). The memory stays owned by the caller, who keeps it alive over the call.
+using TensorSpec = std::tuple<std::string, std::string, std::vector<int64_t>, uintptr_t, size_t,
+                              std::optional<int>>;
+
+TensorRegistry ToRegistry(const std::vector<TensorSpec>& specs) {
+  TensorRegistry registry;
+  for (const auto& [name, dtype_name, shape, address, bytes, cuda_ordinal] : specs) {
+    std::optional<DType> dtype = ParseDType(dtype_name);
+    if (!dtype) {
+      Check(Status::InvalidArgument("tensor '" + name + "': unknown dtype '" + dtype_name + "'"));
+    }
+    std::shared_ptr<Device> device;
+    if (cuda_ordinal) device = CudaDevice(*cuda_ordinal);
+    Check(registry.add(TensorRef{name, *dtype, shape, reinterpret_cast<void*>(address), bytes,
+                                 std::move(device)}));
+  }
+  return registry;
+}
+
+OnBusy ParseOnBusy(const std::string& value) {
+  if (value == "wait") return OnBusy::kWait;
+  if (value == "skip") return OnBusy::kSkip;
+  throw StatusError(
+      Status::InvalidArgument("on_busy must be 'wait' or 'skip', got '" + value + "'"));
+}
+
+OnError ParseOnError(const std::string& value) {
+  if (value == "stop") return OnError::kStop;
+  if (value == "continue") return OnError::kContinue;
+  throw StatusError(
+      Status::InvalidArgument("on_error must be 'stop' or 'continue', got '" + value + "'"));
+}
+
+CompressionKind ParseCompression(const std::string& value) {
+  std::optional<CompressionKind> kind = ParseCompressionKind(value);
+  if (!kind) {
+    throw StatusError(Status::InvalidArgument(
+        "compression must be 'none', 'zstd' or 'shuffle+zstd', got '" + value + "'"));
+  }
+  return *kind;
+}
+
+py::dict SaveStatsToDict(const SaveStats& stats) {
+  py::dict out;
+  out["step"] = stats.step;
+  out["path"] = stats.path;
+  out["ok"] = stats.status.ok();
+  out["error"] = stats.status.ok() ? py::object(py::none()) : py::str(stats.status.ToString());
+  out["bytes_raw"] = stats.bytes_raw;
+  out["bytes_stored"] = stats.bytes_stored;
+  out["chunks_by_codec"] = stats.chunks_by_codec;
+  out["final_level"] = stats.final_level;
+  out["switched_to_raw"] = stats.switched_to_raw;
+  out["blocked_seconds"] = stats.blocked_seconds;
+  out["seconds_to_durable"] = stats.seconds_to_durable;
+  return out;
+}
+
+py::dict TotalsToDict(const SaverTotals& totals) {
+  py::dict out;
+  out["saves_committed"] = totals.saves_committed;
+  out["saves_failed"] = totals.saves_failed;
+  out["saves_skipped"] = totals.saves_skipped;
+  out["blocked_seconds_total"] = totals.blocked_seconds_total;
+  out["blocked_seconds_max"] = totals.blocked_seconds_max;
+  out["bytes_raw"] = totals.bytes_raw;
+  out["bytes_stored"] = totals.bytes_stored;
+  out["staging_high_water_bytes"] = totals.staging_high_water_bytes;
+  out["stale_temporaries_removed"] = totals.stale_temporaries_removed;
+  py::list saves;
+  for (const SaveStats& stats : totals.saves) saves.append(SaveStatsToDict(stats));
+  out["saves"] = saves;
+  return out;
+}
+
+// A reader, and the checkpointer it came from when it did (kept alive: the reader's pin on its
+// checkpoint is released through it).
+class PyReader {
+ public:
+  PyReader(std::unique_ptr<CheckpointReader> reader, py::object owner)
+      : reader_(std::move(reader)), owner_(std::move(owner)) {}
+
+  ~PyReader() {
+    // The reader may unpin through the owner's manager: gone before the owner is released.
+    reader_.reset();
+  }
+
+  const std::string& path() const { return reader_->path(); }
+  int64_t step() const { return reader_->metadata().step; }
+  double wall_time() const { return reader_->metadata().wall_time; }
+  std::map<std::string, std::string> metadata() const { return reader_->metadata().user; }
+
+  // (name, dtype name, shape, bytes, stored bytes) for every tensor, in name order.
+  py::list tensors() const {
+    py::list out;
+    for (const TensorInfo& info : reader_->tensors()) {
+      out.append(py::make_tuple(info.name, std::string(DTypeName(info.dtype)), info.shape,
+                                info.bytes, info.stored_bytes));
+    }
+    return out;
+  }
+
+  // Reads every described tensor into its memory, verified; names, dtypes and shapes must
+  // match the checkpoint.
+  void read_into(const std::vector<TensorSpec>& specs) {
+    TensorRegistry registry = ToRegistry(specs);
+    Status status;
+    {
+      py::gil_scoped_release release;
+      status = reader_->restore(registry);
+    }
+    Check(status);
+  }
+
+  std::vector<std::string> verify() {
+    py::gil_scoped_release release;
+    return reader_->verify().problems;
+  }
+
+ private:
+  std::unique_ptr<CheckpointReader> reader_;
+  py::object owner_;
+};
+
+// The Checkpointer, serialised: its methods are for one thread at a time, and Python threads
+// run them with the GIL released.
+class PyCheckpointer {
+ public:
+  explicit PyCheckpointer(std::unique_ptr<Checkpointer> checkpointer)
+      : checkpointer_(std::move(checkpointer)) {}
+
+  ~PyCheckpointer() {
+    // Waits for saves in flight; without the GIL, so that nothing the engine's threads need
+    // is held up.
+    py::gil_scoped_release release;
+    std::lock_guard lock(mu_);
+    checkpointer_.reset();
+  }
+
+  // Called at every step by maybe_save, so it keeps the GIL (handing it over and taking it back
+  // would let other Python threads delay the training thread): it does no I/O. Waits, holding
+  // the GIL, only while another thread is inside a save, which never needs the GIL.
+  //
+  // The failure that stopped the checkpointer, raised; else whether a save is due at `step`.
+  bool check_due(int64_t step) {
+    std::lock_guard lock(mu_);
+    if (checkpointer_->due(step)) return true;
+    // Not due: maybe_save only reports a failure, and saves nothing.
+    Take(checkpointer_->maybe_save(step, TensorRegistry()));
+    return false;
+  }
+
+  void save(int64_t step, const std::vector<TensorSpec>& specs,
+            const std::map<std::string, std::string>& metadata) {
+    TensorRegistry registry = ToRegistry(specs);
+    Status status;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard lock(mu_);
+      status = checkpointer_->save(step, registry, metadata);
+    }
+    Check(status);
+  }
+
+  bool maybe_save(int64_t step, const std::vector<TensorSpec>& specs,
+                  const std::map<std::string, std::string>& metadata) {
+    TensorRegistry registry = ToRegistry(specs);
+    Result<bool> taken = false;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard lock(mu_);
+      taken = checkpointer_->maybe_save(step, registry, metadata);
+    }
+    return Take(std::move(taken));
+  }
+
+  void wait_until_finished() {
+    Status status;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard lock(mu_);
+      status = checkpointer_->wait_until_finished();
+    }
+    Check(status);
+  }
+
+  void close() {
+    Status status;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard lock(mu_);
+      status = checkpointer_->close();
+    }
+    Check(status);
+  }
+
+  // These four are thread-safe in the Checkpointer: no wait behind a save in progress.
+  py::dict totals() const { return TotalsToDict(checkpointer_->totals()); }
+  std::vector<int64_t> all_steps() const { return checkpointer_->all_steps(); }
+  std::optional<int64_t> latest_step() const { return checkpointer_->latest_step(); }
+  std::string checkpoint_path(int64_t step) const { return checkpointer_->checkpoint_path(step); }
+
+  std::unique_ptr<CheckpointReader> open(std::optional<int64_t> step) {
+    Result<std::unique_ptr<CheckpointReader>> reader = Status::Internal("not opened");
+    {
+      py::gil_scoped_release release;
+      std::lock_guard lock(mu_);
+      reader = checkpointer_->open(step);
+    }
+    return Take(std::move(reader));
+  }
+
+ private:
+  std::mutex mu_;
+  std::unique_ptr<Checkpointer> checkpointer_;
+};
+
+std::unique_ptr<PyCheckpointer> MakeCheckpointer(
+    const std::string& directory, std::optional<int64_t> save_steps,
+    std::optional<double> save_secs, int max_to_keep, double keep_checkpoint_every_n_hours,
+    const std::string& compression, int compression_level, uint64_t staging_bytes,
+    const std::string& on_busy, const std::string& on_error, bool asynchronous,
+    const std::string& basename, uint64_t chunk_bytes, uint32_t num_data_files,
+    unsigned background_threads, unsigned queue_depth, bool use_o_direct, bool force_posix_io,
+    const std::map<std::string, std::string>& user_metadata) {
+  SaverOptions options;
+  options.checkpoint_dir = directory;
+  options.save_steps = save_steps;
+  options.save_secs = save_secs;
+  options.max_to_keep = max_to_keep;
+  options.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours;
+  options.compression.kind = ParseCompression(compression);
+  options.compression.level = compression_level;
+  options.staging_bytes = staging_bytes;
+  options.on_busy = ParseOnBusy(on_busy);
+  options.on_error = ParseOnError(on_error);
+  options.basename = basename;
+  options.chunk_bytes = chunk_bytes;
+  options.num_data_files = num_data_files;
+  options.background_threads = background_threads;
+  options.queue_depth = queue_depth;
+  options.use_o_direct = use_o_direct;
+  options.force_posix_io = force_posix_io;
+  options.user_metadata = user_metadata;
+  Result<std::unique_ptr<Checkpointer>> made = Status::Internal("not created");
+  {
+    py::gil_scoped_release release;
+    made = Checkpointer::Create(std::move(options), asynchronous);
+  }
+  return std::make_unique<PyCheckpointer>(Take(std::move(made)));
+}
+
+std::unique_ptr<PyReader> OpenReader(const std::string& path, bool force_posix) {
+  ReaderOptions options;
+  options.force_posix = force_posix;
+  Result<std::unique_ptr<CheckpointReader>> reader = Status::Internal("not opened");
+  {
+    py::gil_scoped_release release;
+    reader = CheckpointReader::Open(path, options);
+  }
+  return std::make_unique<PyReader>(Take(std::move(reader)), py::none());
+}
+
+}  // namespace
+}  // namespace asyncckpt::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace asyncckpt;
+  using namespace asyncckpt::python;
+  m.doc() = "asyncckpt's C++ engine; use the `asyncckpt` package, not this module.";
+
+  checkpoint_error = PyErr_NewExceptionWithDoc(
+      "asyncckpt.CheckpointError",
+      "A checkpoint could not be saved or read (I/O, corruption, a failed background save).",
+      PyExc_RuntimeError, nullptr);
+  m.add_object("CheckpointError", py::handle(checkpoint_error));
+  py::register_exception_translator(&TranslateStatusError);
+
+  py::class_<PyReader>(m, "Reader")
+      .def_property_readonly("path", &PyReader::path)
+      .def_property_readonly("step", &PyReader::step)
+      .def_property_readonly("wall_time", &PyReader::wall_time)
+      .def("metadata", &PyReader::metadata)
+      .def("tensors", &PyReader::tensors)
+      .def("read_into", &PyReader::read_into, py::arg("specs"))
+      .def("verify", &PyReader::verify);
+
+  py::class_<PyCheckpointer>(m, "Checkpointer")
+      .def(py::init(&MakeCheckpointer), py::arg("directory"), py::arg("save_steps"),
+           py::arg("save_secs"), py::arg("max_to_keep"), py::arg("keep_checkpoint_every_n_hours"),
+           py::arg("compression"), py::arg("compression_level"), py::arg("staging_bytes"),
+           py::arg("on_busy"), py::arg("on_error"), py::arg("asynchronous"), py::arg("basename"),
+           py::arg("chunk_bytes"), py::arg("num_data_files"), py::arg("background_threads"),
+           py::arg("queue_depth"), py::arg("use_o_direct"), py::arg("force_posix_io"),
+           py::arg("user_metadata"))
+      .def("check_due", &PyCheckpointer::check_due, py::arg("step"))
+      .def("save", &PyCheckpointer::save, py::arg("step"), py::arg("specs"), py::arg("metadata"))
+      .def("maybe_save", &PyCheckpointer::maybe_save, py::arg("step"), py::arg("specs"),
+           py::arg("metadata"))
+      .def("wait_until_finished", &PyCheckpointer::wait_until_finished)
+      .def("close", &PyCheckpointer::close)
+      .def("totals", &PyCheckpointer::totals)
+      .def("all_steps", &PyCheckpointer::all_steps)
+      .def("latest_step", &PyCheckpointer::latest_step)
+      .def("checkpoint_path", &PyCheckpointer::checkpoint_path, py::arg("step"))
+      .def(
+          "open",
+          [](py::object self, std::optional<int64_t> step) {
+            auto reader = self.cast<PyCheckpointer&>().open(step);
+            return std::make_unique<PyReader>(std::move(reader), self);
+          },
+          py::arg("step"));
+
+  m.def("open_reader", &OpenReader, py::arg("path"), py::arg("force_posix") = false,
+        "Opens the checkpoint directory at `path`.");
+  m.def(
+      "latest_checkpoint",
+      [](const std::string& directory) -> std::optional<std::string> {
+        Result<std::string> latest = Status::Internal("not read");
+        {
+          py::gil_scoped_release release;
+          latest = LatestCheckpoint(directory);
+        }
+        if (!latest.ok() && latest.status().code() == StatusCode::kNotFound) return std::nullopt;
+        return Take(std::move(latest));
+      },
+      py::arg("directory"),
+      "The path of the newest checkpoint that `directory`'s state file names, or None.");
+  m.def("cuda_available", &CudaAvailable,
+        "True when this build has the CUDA device and a GPU is visible.");
+  m.def(
+      "dtype_size",
+      [](const std::string& name) {
+        std::optional<DType> dtype = ParseDType(name);
+        if (!dtype) Check(Status::InvalidArgument("unknown dtype '" + name + "'"));
+        return DTypeSize(*dtype);
+      },
+      py::arg("name"), "Bytes per element of a dtype short name ('f32', 'bf16', ...).");
+}

@@ -1,0 +1,71 @@
+"""The real training job: examples/pytorch_train.py killed with SIGKILL again and again, restarted
+each time, ends with the model and optimizer of an uninterrupted run, bit for bit, and the same
+accuracy."""
+
+import json
+import random
+import signal
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("sklearn")
+
+from conftest import SOURCE_DIR  # noqa: E402
+
+EXAMPLE = SOURCE_DIR / "examples" / "pytorch_train.py"
+STEPS = 400
+KILLS = 6
+
+
+def command(checkpoint_dir, *extra):
+    return [sys.executable, str(EXAMPLE), "--checkpoint-dir", str(checkpoint_dir),
+            "--steps", str(STEPS), "--save-steps", "10", "--eval-every", "100", *extra]
+
+
+def run_and_kill(checkpoint_dir, steps_before_kill):
+    """Starts the example, SIGKILLs it once it has printed `steps_before_kill` steps; returns the
+    step it resumed from (0 for a fresh start)."""
+    process = subprocess.Popen(command(checkpoint_dir, "--progress"), stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+    resumed_from = 0
+    seen = 0
+    for line in process.stdout:
+        if line.startswith("resumed from step "):
+            resumed_from = int(line.split()[-1])
+        elif line.startswith("step ") and len(line.split()) == 2:
+            seen += 1
+            if seen == steps_before_kill:
+                process.send_signal(signal.SIGKILL)
+                break
+    process.stdout.close()
+    assert process.wait() == -signal.SIGKILL, "the run ended before it could be killed"
+    return resumed_from
+
+
+def finish(checkpoint_dir, digest_file):
+    done = subprocess.run(command(checkpoint_dir, "--digest-file", str(digest_file)),
+                          check=True, capture_output=True, text=True)
+    return json.loads(digest_file.read_text()), done.stdout
+
+
+def test_a_job_killed_at_random_steps_ends_bit_identical_to_an_uninterrupted_one(tmp_path):
+    expected, _ = finish(tmp_path / "uninterrupted", tmp_path / "uninterrupted.json")
+
+    rng = random.Random(20240610)
+    resumes = []
+    for _ in range(KILLS):
+        resumes.append(run_and_kill(tmp_path / "killed", rng.randint(5, STEPS // (KILLS + 1))))
+    got, output = finish(tmp_path / "killed", tmp_path / "killed.json")
+    print(f"killed runs resumed from steps {resumes}")
+
+    assert any(step > 0 for step in resumes), f"no run resumed from a checkpoint: {resumes}"
+    assert "resumed from step" in output
+    assert got["accuracy"] == expected["accuracy"]
+    differing = sorted(name for name in expected["digests"]
+                       if got["digests"].get(name) != expected["digests"][name])
+    assert not differing, f"resumes at {resumes}; tensors that differ: {differing}"
+    assert got["digests"].keys() == expected["digests"].keys()
+    assert expected["accuracy"] > 0.9, "the network did not learn the digits"

@@ -1,0 +1,380 @@
+#include "asyncckpt/checkpointer.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "asyncckpt/file_system.h"
+#include "asyncckpt/reader.h"
+#include "asyncckpt/state.h"
+#include "io/fault_injection_file_system.h"
+#include "tests/io/gated_file_system.h"
+
+namespace asyncckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+using testing_support::GatedFileSystem;
+
+// Runs every test on the asynchronous engine and on the synchronous writer.
+class CheckpointerTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/checkpointer_test-XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    weights_.resize(1000);
+    steps_seen_.resize(3);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  bool asynchronous() const { return GetParam(); }
+
+  SaverOptions Options() {
+    SaverOptions options;
+    options.checkpoint_dir = dir_;
+    options.save_steps = 3;
+    options.max_to_keep = 0;
+    options.chunk_bytes = 256;  // many chunks per save
+    options.background_threads = 2;
+    options.file_system = fs_under_test_.get();  // null: the default backend
+    return options;
+  }
+
+  std::unique_ptr<Checkpointer> Make(const SaverOptions& options) {
+    auto made = Checkpointer::Create(options, asynchronous());
+    EXPECT_TRUE(made.ok()) << made.status().ToString();
+    return made.ok() ? std::move(made).value() : nullptr;
+  }
+
+  // The state of `step`: every element differs from every other step's.
+  void SetState(int64_t step) {
+    for (size_t i = 0; i < weights_.size(); ++i) weights_[i] = float(step * 10000 + int64_t(i));
+    for (size_t i = 0; i < steps_seen_.size(); ++i) steps_seen_[i] = step + int64_t(i);
+  }
+  TensorRegistry Registry(bool with_optimizer = false) {
+    TensorRegistry registry;
+    EXPECT_TRUE(registry
+                    .add({"model/w",
+                          DType::kF32,
+                          {10, 100},
+                          weights_.data(),
+                          weights_.size() * sizeof(float),
+                          nullptr})
+                    .ok());
+    if (with_optimizer) {
+      EXPECT_TRUE(registry
+                      .add({"optimizer/steps",
+                            DType::kI64,
+                            {3},
+                            steps_seen_.data(),
+                            steps_seen_.size() * sizeof(int64_t),
+                            nullptr})
+                      .ok());
+    }
+    return registry;
+  }
+
+  // Makes the file system of the checkpointers that Options() configures from now on inject
+  // faults (over POSIX).
+  io::FaultInjectionFileSystem* InstallFaults() {
+    posix_ = io::NewPosixFileSystem();
+    auto faults = std::make_unique<io::FaultInjectionFileSystem>(posix_.get());
+    io::FaultInjectionFileSystem* raw = faults.get();
+    fs_under_test_ = std::move(faults);
+    return raw;
+  }
+
+  std::string Path(int64_t step) const { return dir_ + "/model.ckpt-" + std::to_string(step); }
+
+  void ExpectHoldsStep(int64_t step, bool with_optimizer = false) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    auto reader = CheckpointReader::Open(Path(step));
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    EXPECT_EQ((*reader)->metadata().step, step);
+    auto w = (*reader)->read_xarray<float>("model/w");
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    ASSERT_EQ(w->size(), weights_.size());
+    for (size_t i = 0; i < weights_.size(); ++i) {
+      ASSERT_EQ(w->data()[i], float(step * 10000 + int64_t(i))) << i;
+    }
+    EXPECT_EQ((*reader)->find("optimizer/steps") != nullptr, with_optimizer);
+    if (with_optimizer) {
+      auto steps = (*reader)->read_xarray<int64_t>("optimizer/steps");
+      ASSERT_TRUE(steps.ok());
+      EXPECT_EQ(steps->data()[2], step + 2);
+    }
+  }
+
+  std::string dir_;
+  std::vector<float> weights_;
+  std::vector<int64_t> steps_seen_;
+  std::unique_ptr<io::FileSystem> posix_;
+  std::unique_ptr<io::FileSystem> fs_under_test_;  // declared after posix_: destroyed first
+};
+
+INSTANTIATE_TEST_SUITE_P(AsyncAndSync, CheckpointerTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Async" : "Sync"; });
+
+TEST_P(CheckpointerTest, SaveReturnsOnceTheStateMayChangeAndTheCheckpointHoldsItsState) {
+  auto checkpointer = Make(Options());
+  ASSERT_NE(checkpointer, nullptr);
+  SetState(7);
+  TensorRegistry registry = Registry();
+  ASSERT_TRUE(checkpointer->save(7, registry).ok());
+  SetState(8);  // the save above must already hold its own copy
+  ASSERT_TRUE(checkpointer->save(8, registry).ok());
+  ASSERT_TRUE(checkpointer->close().ok());
+  ExpectHoldsStep(7);
+  ExpectHoldsStep(8);
+  EXPECT_EQ(checkpointer->all_steps(), (std::vector<int64_t>{7, 8}));
+  EXPECT_EQ(checkpointer->latest_step(), std::optional<int64_t>(8));
+  const SaverTotals totals = checkpointer->totals();
+  EXPECT_EQ(totals.saves_committed, 2);
+  ASSERT_EQ(totals.saves.size(), 2u);
+  EXPECT_EQ(totals.saves[1].path, Path(8));
+  EXPECT_EQ(totals.saves[1].bytes_raw, weights_.size() * sizeof(float));
+  // Staging is the asynchronous engine's; the synchronous writer writes from the tensors.
+  EXPECT_EQ(totals.staging_high_water_bytes > 0, asynchronous());
+}
+
+TEST_P(CheckpointerTest, MaybeSaveFollowsTheStepTimerFromTheFirstStepItSees) {
+  auto checkpointer = Make(Options());  // every 3 steps
+  ASSERT_NE(checkpointer, nullptr);
+  TensorRegistry registry = Registry();
+  std::vector<int64_t> saved;
+  for (int64_t step = 5; step <= 15; ++step) {
+    SetState(step);
+    EXPECT_EQ(checkpointer->due(step), step == 5 || step == 8 || step == 11 || step == 14);
+    auto taken = checkpointer->maybe_save(step, registry);
+    ASSERT_TRUE(taken.ok()) << taken.status().ToString();
+    if (*taken) saved.push_back(step);
+  }
+  ASSERT_TRUE(checkpointer->close().ok());
+  EXPECT_EQ(saved, (std::vector<int64_t>{5, 8, 11, 14}));
+  EXPECT_EQ(checkpointer->all_steps(), saved);
+  for (int64_t step : saved) ExpectHoldsStep(step);
+}
+
+TEST_P(CheckpointerTest, AnExplicitSaveRestartsTheTimer) {
+  auto checkpointer = Make(Options());  // every 3 steps
+  ASSERT_NE(checkpointer, nullptr);
+  TensorRegistry registry = Registry();
+  ASSERT_TRUE(checkpointer->save(10, registry).ok());
+  EXPECT_FALSE(checkpointer->due(10));
+  EXPECT_FALSE(checkpointer->due(12));
+  EXPECT_TRUE(checkpointer->due(13));
+  ASSERT_TRUE(checkpointer->close().ok());
+}
+
+TEST_P(CheckpointerTest, TensorsAddedBetweenSavesAreSavedWithTheRest) {
+  auto checkpointer = Make(Options());
+  ASSERT_NE(checkpointer, nullptr);
+  SetState(1);
+  ASSERT_TRUE(checkpointer->save(1, Registry()).ok());
+  // An optimizer's state appears after its first step: the next snapshot is larger.
+  SetState(2);
+  ASSERT_TRUE(checkpointer->save(2, Registry(/*with_optimizer=*/true)).ok());
+  SetState(3);
+  ASSERT_TRUE(checkpointer->save(3, Registry(/*with_optimizer=*/true)).ok());
+  ASSERT_TRUE(checkpointer->close().ok());
+  ExpectHoldsStep(1);
+  ExpectHoldsStep(2, /*with_optimizer=*/true);
+  ExpectHoldsStep(3, /*with_optimizer=*/true);
+}
+
+TEST_P(CheckpointerTest, PerSaveMetadataIsStoredBesideTheOptionsMetadataAndWins) {
+  SaverOptions options = Options();
+  options.user_metadata = {{"job", "digits"}, {"epoch", "options"}};
+  auto checkpointer = Make(options);
+  ASSERT_NE(checkpointer, nullptr);
+  ASSERT_TRUE(checkpointer->save(4, Registry(), {{"epoch", "2"}, {"tree", "{}"}}).ok());
+  ASSERT_TRUE(checkpointer->close().ok());
+  auto reader = CheckpointReader::Open(Path(4));
+  ASSERT_TRUE(reader.ok());
+  const std::map<std::string, std::string> want = {
+      {"epoch", "2"}, {"job", "digits"}, {"tree", "{}"}};
+  EXPECT_EQ((*reader)->metadata().user, want);
+}
+
+TEST_P(CheckpointerTest, BadInputIsRefusedByTheCallAndNothingIsWritten) {
+  auto checkpointer = Make(Options());
+  ASSERT_NE(checkpointer, nullptr);
+  const std::string too_long(2u << 20, 'x');
+  Status status = checkpointer->save(1, Registry(), {{"big", too_long}});
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.ToString();
+  EXPECT_NE(status.message().find("model.ckpt-1"), std::string::npos) << status.message();
+  // Not a background failure: the checkpointer goes on.
+  ASSERT_TRUE(checkpointer->save(2, Registry()).ok());
+  ASSERT_TRUE(checkpointer->close().ok());
+  EXPECT_EQ(checkpointer->all_steps(), (std::vector<int64_t>{2}));
+  EXPECT_FALSE(fs::exists(Path(1)));
+}
+
+TEST_P(CheckpointerTest, AFailedSaveStopsTheCheckpointerAndEveryLaterCallReportsIt) {
+  io::FaultInjectionFileSystem* faults = InstallFaults();
+  auto checkpointer = Make(Options());
+  ASSERT_NE(checkpointer, nullptr);
+  SetState(1);
+  ASSERT_TRUE(checkpointer->save(1, Registry()).ok());
+  ASSERT_TRUE(checkpointer->wait_until_finished().ok());
+  faults->fail_ops_matching("model.ckpt-2", ENOSPC, io::FaultOp::kWrite);
+  SetState(2);
+  Status first = checkpointer->save(2, Registry());
+  if (asynchronous()) {
+    ASSERT_TRUE(first.ok()) << "the write fails in the background";
+    first = checkpointer->wait_until_finished();
+  }
+  EXPECT_FALSE(first.ok());
+  EXPECT_NE(first.message().find("model.ckpt-2"), std::string::npos) << first.ToString();
+  faults->clear_faults();
+  Status later = checkpointer->save(3, Registry());
+  EXPECT_EQ(later.ToString(), first.ToString());
+  auto maybe = checkpointer->maybe_save(4, Registry());
+  EXPECT_EQ(maybe.status().ToString(), first.ToString());
+  EXPECT_EQ(checkpointer->close().ToString(), first.ToString());
+  EXPECT_EQ(checkpointer->all_steps(), (std::vector<int64_t>{1}));
+  EXPECT_FALSE(fs::exists(Path(3)));
+  ExpectHoldsStep(1);
+  EXPECT_EQ(checkpointer->totals().saves_failed, 1);
+}
+
+TEST_P(CheckpointerTest, WithOnErrorContinueAFailedSaveIsCountedAndSavingGoesOn) {
+  io::FaultInjectionFileSystem* faults = InstallFaults();
+  SaverOptions options = Options();
+  options.on_error = OnError::kContinue;
+  auto checkpointer = Make(options);
+  ASSERT_NE(checkpointer, nullptr);
+  faults->fail_ops_matching("model.ckpt-1", EIO, io::FaultOp::kWrite);
+  SetState(1);
+  EXPECT_TRUE(checkpointer->save(1, Registry()).ok());
+  EXPECT_TRUE(checkpointer->wait_until_finished().ok());
+  SetState(2);
+  EXPECT_TRUE(checkpointer->save(2, Registry()).ok());
+  EXPECT_TRUE(checkpointer->close().ok());
+  const SaverTotals totals = checkpointer->totals();
+  EXPECT_EQ(totals.saves_failed, 1);
+  EXPECT_EQ(totals.saves_committed, 1);
+  ASSERT_EQ(totals.saves.size(), 2u);
+  EXPECT_FALSE(totals.saves[0].status.ok());
+  EXPECT_EQ(checkpointer->all_steps(), (std::vector<int64_t>{2}));
+  ExpectHoldsStep(2);
+}
+
+TEST_P(CheckpointerTest, SavesAfterCloseAreRefused) {
+  auto checkpointer = Make(Options());
+  ASSERT_NE(checkpointer, nullptr);
+  ASSERT_TRUE(checkpointer->close().ok());
+  ASSERT_TRUE(checkpointer->close().ok());
+  EXPECT_EQ(checkpointer->save(1, Registry()).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(checkpointer->maybe_save(1, Registry()).status().code(),
+            StatusCode::kFailedPrecondition);
+}
+
+TEST_P(CheckpointerTest, ANewCheckpointerFindsTheStepsOfAnEarlierOneAndRetentionApplies) {
+  SaverOptions options = Options();
+  options.max_to_keep = 2;
+  {
+    auto first = Make(options);
+    ASSERT_NE(first, nullptr);
+    for (int64_t step : {1, 2, 3}) {
+      SetState(step);
+      ASSERT_TRUE(first->save(step, Registry()).ok());
+    }
+    ASSERT_TRUE(first->close().ok());
+    EXPECT_EQ(first->all_steps(), (std::vector<int64_t>{2, 3}));
+  }
+  EXPECT_FALSE(fs::exists(Path(1)));
+  auto second = Make(options);
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(second->all_steps(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(second->latest_step(), std::optional<int64_t>(3));
+  auto reader = second->open(std::nullopt);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  EXPECT_EQ((*reader)->metadata().step, 3);
+  EXPECT_EQ(second->open(1).status().code(), StatusCode::kNotFound);
+}
+
+TEST_P(CheckpointerTest, AnOpenReaderKeepsItsCheckpointFromRetentionUntilItIsDestroyed) {
+  SaverOptions options = Options();
+  options.max_to_keep = 1;
+  auto checkpointer = Make(options);
+  ASSERT_NE(checkpointer, nullptr);
+  SetState(1);
+  ASSERT_TRUE(checkpointer->save(1, Registry()).ok());
+  ASSERT_TRUE(checkpointer->wait_until_finished().ok());
+  auto reader = checkpointer->open(1);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  SetState(2);
+  ASSERT_TRUE(checkpointer->save(2, Registry()).ok());
+  ASSERT_TRUE(checkpointer->wait_until_finished().ok());
+  EXPECT_EQ(checkpointer->all_steps(), (std::vector<int64_t>{2}));
+  ASSERT_TRUE(fs::exists(Path(1))) << "retention deleted a checkpoint being read";
+  std::vector<float> w(weights_.size());
+  ASSERT_TRUE((*reader)->read("model/w", w.data(), w.size() * sizeof(float)).ok());
+  EXPECT_EQ(w[3], 10003.f);
+  reader->reset();
+  EXPECT_FALSE(fs::exists(Path(1)));
+  ASSERT_TRUE(checkpointer->close().ok());
+}
+
+TEST_P(CheckpointerTest, BadOptionsAreRefusedWithTheFieldNamed) {
+  SaverOptions options = Options();
+  options.save_steps.reset();
+  auto made = Checkpointer::Create(options, asynchronous());
+  ASSERT_FALSE(made.ok());
+  EXPECT_NE(made.status().message().find("save_steps or save_secs"), std::string::npos);
+  options = Options();
+  options.max_to_keep = -1;
+  made = Checkpointer::Create(options, asynchronous());
+  ASSERT_FALSE(made.ok());
+  EXPECT_NE(made.status().message().find("max_to_keep"), std::string::npos);
+}
+
+// Asynchronous only: staging held by a save whose writes are stuck makes maybe_save skip, and
+// save() wait.
+TEST(CheckpointerBusyTest, WithOnBusySkipMaybeSaveSkipsWhileStagingIsHeld) {
+  char pattern[] = "/tmp/checkpointer_busy_test-XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  GatedFileSystem gate(io::NewPosixFileSystem());
+  std::vector<float> weights(1000, 1.f);
+  TensorRegistry registry;
+  ASSERT_TRUE(
+      registry
+          .add({"w", DType::kF32, {1000}, weights.data(), weights.size() * sizeof(float), nullptr})
+          .ok());
+  SaverOptions options;
+  options.checkpoint_dir = dir;
+  options.save_steps = 1;
+  options.on_busy = OnBusy::kSkip;
+  options.file_system = &gate;
+  options.background_threads = 2;
+  {
+    auto made = Checkpointer::Create(options, /*asynchronous=*/true);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    Checkpointer& checkpointer = **made;
+    auto first = checkpointer.maybe_save(1, registry);
+    ASSERT_TRUE(first.ok() && *first);
+    gate.WaitForWaiting(1);  // step 1's write holds the whole staging budget
+    auto second = checkpointer.maybe_save(2, registry);
+    ASSERT_TRUE(second.ok()) << second.status().ToString();
+    EXPECT_FALSE(*second);
+    EXPECT_EQ(checkpointer.totals().saves_skipped, 1);
+    EXPECT_TRUE(checkpointer.due(3));
+    gate.Open();
+    ASSERT_TRUE(checkpointer.close().ok());
+    EXPECT_EQ(checkpointer.all_steps(), (std::vector<int64_t>{1}));
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace asyncckpt
