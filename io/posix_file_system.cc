@@ -331,6 +331,25 @@ IoStatus PosixFileSystem::file_size(const std::string& path, uint64_t* bytes) {
   return IoStatus::Ok();
 }
 
+IoStatus PosixFileSystem::entry_type(const std::string& path, EntryType* type) {
+  *type = EntryType::kNone;
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return IoStatus::Ok();
+    return IoStatus::FromErrno(errno, "lstat", path);
+  }
+  if (S_ISREG(st.st_mode)) {
+    *type = EntryType::kFile;
+  } else if (S_ISDIR(st.st_mode)) {
+    *type = EntryType::kDirectory;
+  } else if (S_ISLNK(st.st_mode)) {
+    *type = EntryType::kSymlink;
+  } else {
+    *type = EntryType::kOther;
+  }
+  return IoStatus::Ok();
+}
+
 std::unique_ptr<FileSystem> NewPosixFileSystem() { return std::make_unique<PosixFileSystem>(); }
 
 }  // namespace asyncckpt::io

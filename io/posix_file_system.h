@@ -75,6 +75,7 @@ class PosixFileSystem : public FileSystem {
   IoStatus sync_dir(const std::string& path) override;
   IoStatus stat(const std::string& path, bool* exists, bool* is_dir) override;
   IoStatus file_size(const std::string& path, uint64_t* bytes) override;
+  IoStatus entry_type(const std::string& path, EntryType* type) override;
 };
 
 }  // namespace asyncckpt::io

@@ -98,6 +98,20 @@ struct ReadOp {
   size_t length = 0;
 };
 
+/// What a directory entry is, as lstat(2) sees it: a symlink is reported as one, not followed.
+enum class EntryType {
+  /// Nothing by that name.
+  kNone,
+  /// A regular file.
+  kFile,
+  /// A directory.
+  kDirectory,
+  /// A symbolic link (whatever it points at, if anything).
+  kSymlink,
+  /// Anything else: a FIFO, a socket, a device.
+  kOther,
+};
+
 /// Files and directories. Implementations are thread-safe.
 class FileSystem {
  public:
@@ -132,6 +146,9 @@ class FileSystem {
   virtual IoStatus stat(const std::string& path, bool* exists, bool* is_dir) = 0;
   /// The size of a file.
   virtual IoStatus file_size(const std::string& path, uint64_t* bytes) = 0;
+  /// What `path` itself is, a final symlink not followed (lstat), so that a caller can refuse
+  /// to follow a link out of a directory; ENOENT and ENOTDIR are not errors (kNone).
+  virtual IoStatus entry_type(const std::string& path, EntryType* type) = 0;
 };
 
 /// Forwards every call to a target; decorators derive from it and override what they change.
@@ -165,6 +182,9 @@ class FileSystemWrapper : public FileSystem {
   }
   IoStatus file_size(const std::string& path, uint64_t* bytes) override {
     return target_->file_size(path, bytes);
+  }
+  IoStatus entry_type(const std::string& path, EntryType* type) override {
+    return target_->entry_type(path, type);
   }
 
  protected:

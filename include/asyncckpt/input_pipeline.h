@@ -102,6 +102,11 @@ struct InputPipelineOptions {
   std::optional<double> save_secs;
   /// Newest input checkpoints kept; 0 keeps all.
   int max_to_keep = 5;
+  /// The basename of the model checkpoints these input checkpoints pair with (state file
+  /// "checkpoint"): retention also keeps every input checkpoint whose step is among the newest
+  /// max_to_keep steps both sides hold, so the input partner of a kept model checkpoint is never
+  /// deleted (at most 2 * max_to_keep are kept). Empty: unpaired.
+  std::string model_basename = "model.ckpt";
   /// Workers in the job; with more than one the basename is input_<task_type>_<task_id>.ckpt.
   int num_workers = 1;
   /// This worker's task type, e.g. "worker".
@@ -171,11 +176,13 @@ class CheckpointInputPipelineHook : public SessionRunHook {
   std::unique_ptr<Impl> impl_;
 };
 
-/// The newest step that has both a committed model checkpoint (`model_basename`, state file
-/// "checkpoint") and an input checkpoint (`input_basename`, state file "checkpoint_" + the
-/// basename without ".ckpt": "checkpoint_input" for "input.ckpt", as InputStateFileName) in
-/// `dir`; nullopt when there is none (a fresh job).
-/// `fs` (borrowed) is read through; null means the POSIX backend.
+/// The newest step that has both a complete model checkpoint (`model_basename`, state file
+/// "checkpoint") and a complete input checkpoint (`input_basename`, state file "checkpoint_" +
+/// the basename without ".ckpt": "checkpoint_input" for "input.ckpt", as InputStateFileName) in
+/// `dir`. Each side's steps come from CommittedCheckpointSteps: its state file when healthy,
+/// else a scan of `dir` for complete checkpoints (logged). nullopt when no step has both; that
+/// is logged as a warning when either side has any checkpoint. Errors as
+/// CommittedCheckpointSteps. `fs` (borrowed) is read through; null means the POSIX backend.
 Result<std::optional<int64_t>> NewestCompleteStep(const std::string& dir,
                                                   const std::string& model_basename,
                                                   const std::string& input_basename,

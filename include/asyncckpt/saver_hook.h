@@ -46,6 +46,12 @@ struct SaverOptions {
   std::string basename = "model.ckpt";
   /// Keep the newest N checkpoints; 0 keeps all.
   int max_to_keep = 5;
+  /// The basename of the input pipeline checkpoints these model checkpoints pair with
+  /// (InputCheckpointBasename, e.g. "input.ckpt"; its state file is the one InputStateFileName
+  /// gives). Retention then also keeps every checkpoint whose step is among the newest
+  /// max_to_keep steps both sides hold, so that a model checkpoint whose input partner is kept
+  /// is never deleted (at most 2 * max_to_keep are kept). Empty (the default): unpaired.
+  std::string paired_input_basename;
   /// Of the checkpoints that fall out of max_to_keep, keep one every N hours (0 = none).
   double keep_checkpoint_every_n_hours = 0;
   /// Tensors are cut into chunks of at most this many bytes (rounded to whole elements).
@@ -150,8 +156,13 @@ struct SaverTotals {
   uint64_t bytes_stored = 0;
   /// Most pinned staging memory in use at once.
   uint64_t staging_high_water_bytes = 0;
-  /// Temporary directories of interrupted saves removed at begin().
+  /// Entries removed at begin(): temporaries of interrupted saves and deletions, and
+  /// checkpoint directories that were incomplete or older than the retained ones
+  /// (docs/durability.md).
   std::vector<std::string> stale_temporaries_removed;
+  /// Old checkpoints that retention dropped but could not delete (each logged; the saves that
+  /// dropped them still count as committed, and the next start retries).
+  int64_t retention_failures = 0;
   /// Every save's stats, in step order.
   std::vector<SaveStats> saves;
 };

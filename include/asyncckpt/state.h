@@ -1,5 +1,6 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -31,10 +32,26 @@ Result<CheckpointState> GetCheckpointState(
     const std::string& dir, const std::string& state_file_name = kCheckpointStateFileName,
     io::FileSystem* fs = nullptr);
 
-/// The full path of the latest checkpoint named by the state file in `dir`, or NotFound.
+/// The full path of the latest checkpoint named by the state file in `dir` (TensorFlow's
+/// latest_checkpoint: the state file only, no directory scan). NotFound saying what is wrong:
+/// no directory, no state file, a state file that names nothing, or one naming a checkpoint
+/// that does not exist; Corruption (file and line) when the state file does not parse.
 /// `fs` (borrowed) is read through; null means the POSIX backend.
 Result<std::string> LatestCheckpoint(const std::string& dir,
                                      const std::string& state_file_name = kCheckpointStateFileName,
                                      io::FileSystem* fs = nullptr);
+
+/// The steps of the complete checkpoints "<basename>-<step>" in `dir`, ascending: what a resume
+/// may restore. From the state file `state_file_name` when it is healthy (it parses, and every
+/// checkpoint of `basename` it names, at least one, is a directory whose index decodes and
+/// whose chunks all lie inside its data files); otherwise, as the savers' start-up does, from
+/// a scan of `dir` for such complete directories (symlinks are not followed), logged with
+/// what was wrong with the state file. Empty when there are none or `dir` does not exist.
+/// IOError when `dir` cannot be listed, the state file exists but cannot be read, or a named
+/// checkpoint cannot be read. The model's state file is kCheckpointStateFileName; an input
+/// pipeline's is InputStateFileName. `fs` (borrowed) is read through; null means POSIX.
+Result<std::vector<int64_t>> CommittedCheckpointSteps(
+    const std::string& dir, const std::string& basename,
+    const std::string& state_file_name = kCheckpointStateFileName, io::FileSystem* fs = nullptr);
 
 }  // namespace asyncckpt

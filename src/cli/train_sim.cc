@@ -141,6 +141,8 @@ Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
   if (!flags.has("save_steps") && !flags.has("save_secs")) saver.save_steps = 50;
   ASSIGN_OR_RETURN(int64_t max_to_keep, flags.get_int("max_to_keep"));
   saver.max_to_keep = static_cast<int>(std::clamp<int64_t>(max_to_keep, -1, 1 << 30));
+  // Model and input checkpoints are one state: retention keeps the pairs together.
+  saver.paired_input_basename = InputCheckpointBasename(InputPipelineOptions{});
   ASSIGN_OR_RETURN(saver.keep_checkpoint_every_n_hours,
                    flags.get_double("keep_checkpoint_every_n_hours"));
   auto compression = ParseCompressionKind(flags.get("compression"));
@@ -295,6 +297,7 @@ InputPipelineOptions InputOptions(const TrainSimConfig& config) {
   options.save_steps = config.saver.save_steps;
   options.save_secs = config.saver.save_secs;
   options.max_to_keep = config.saver.max_to_keep;
+  options.model_basename = config.saver.basename;
   options.compression = config.saver.compression;
   options.chunk_bytes = config.saver.chunk_bytes;
   options.force_posix_io = config.saver.force_posix_io;

@@ -4,7 +4,6 @@
 #include "asyncckpt/input_pipeline.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -86,23 +85,8 @@ std::string InputCheckpointBasename(const InputPipelineOptions& options) {
   return "input_" + options.task_type + "_" + std::to_string(options.task_id) + ".ckpt";
 }
 
-namespace {
-
-// "checkpoint_" + the basename without ".ckpt": "checkpoint_input" for "input.ckpt", and
-// "checkpoint_input_worker_1" for "input_worker_1.ckpt" (TensorFlow's latest_filename).
-std::string StateFileForBasename(const std::string& basename) {
-  constexpr std::string_view kSuffix = ".ckpt";
-  std::string stem = basename;
-  if (stem.size() > kSuffix.size() && stem.ends_with(kSuffix)) {
-    stem.resize(stem.size() - kSuffix.size());
-  }
-  return "checkpoint_" + stem;
-}
-
-}  // namespace
-
 std::string InputStateFileName(const InputPipelineOptions& options) {
-  return StateFileForBasename(InputCheckpointBasename(options));
+  return InputStateFileForBasename(InputCheckpointBasename(options));
 }
 
 namespace {
@@ -125,42 +109,25 @@ SaverOptions AsSaverOptions(const InputPipelineOptions& options) {
   return saver;
 }
 
-Result<std::set<int64_t>> RetainedSteps(const std::string& dir, const std::string& basename,
-                                        const std::string& state_file, io::FileSystem* fs) {
-  std::set<int64_t> steps;
-  auto state = GetCheckpointState(dir, state_file, fs);
-  if (!state.ok()) {
-    if (state.status().code() == StatusCode::kNotFound) return steps;
-    return state.status();
-  }
-  const std::string prefix = basename + "-";
-  for (const std::string& name : state->all_model_checkpoint_paths) {
-    if (name.rfind(prefix, 0) != 0) continue;
-    const std::string_view digits = std::string_view(name).substr(prefix.size());
-    int64_t step = 0;
-    auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
-    // Another job's names, and steps no int64 holds, name no checkpoint of this job.
-    if (digits.empty() || error != std::errc() || end != digits.data() + digits.size() ||
-        step < 0) {
-      continue;
-    }
-    steps.insert(step);
-  }
-  return steps;
-}
-
 }  // namespace
 
 Result<std::optional<int64_t>> NewestCompleteStep(const std::string& dir,
                                                   const std::string& model_basename,
                                                   const std::string& input_basename,
                                                   io::FileSystem* fs) {
-  ASSIGN_OR_RETURN(std::set<int64_t> model,
-                   RetainedSteps(dir, model_basename, kCheckpointStateFileName, fs));
-  ASSIGN_OR_RETURN(std::set<int64_t> input,
-                   RetainedSteps(dir, input_basename, StateFileForBasename(input_basename), fs));
+  ASSIGN_OR_RETURN(const std::vector<int64_t> model,
+                   CommittedCheckpointSteps(dir, model_basename, kCheckpointStateFileName, fs));
+  ASSIGN_OR_RETURN(
+      const std::vector<int64_t> input,
+      CommittedCheckpointSteps(dir, input_basename, InputStateFileForBasename(input_basename), fs));
+  const std::set<int64_t> input_steps(input.begin(), input.end());
   for (auto it = model.rbegin(); it != model.rend(); ++it) {
-    if (input.count(*it)) return std::optional<int64_t>(*it);
+    if (input_steps.contains(*it)) return std::optional<int64_t>(*it);
+  }
+  if (!model.empty() || !input.empty()) {
+    LogLine("WARNING: " + dir + " holds " + std::to_string(model.size()) + " complete " +
+            model_basename + " and " + std::to_string(input.size()) + " complete " +
+            input_basename + " checkpoints, but no step has both");
   }
   return std::optional<int64_t>();
 }
@@ -176,7 +143,11 @@ class CheckpointInputPipelineHook::Impl {
   ~Impl() { engine_.reset(); }
 
   Status Begin() {
-    ASSIGN_OR_RETURN(std::vector<std::string> removed, storage_.Start(saver_options_, state_file_));
+    CheckpointPartner model;
+    if (!options_.model_basename.empty())
+      model = {options_.model_basename, kCheckpointStateFileName};
+    ASSIGN_OR_RETURN(std::vector<std::string> removed,
+                     storage_.Start(saver_options_, state_file_, model));
     (void)removed;  // SaverStorage::Start already logged them
     return Status::OK();
   }
@@ -341,6 +312,15 @@ Result<std::unique_ptr<CheckpointInputPipelineHook>> CheckpointInputPipelineHook
   }
   const SaverOptions saver = AsSaverOptions(options);
   RETURN_IF_ERROR(ValidateSaverOptions(saver));
+  if (!options.model_basename.empty()) {
+    RETURN_IF_ERROR(ValidateCheckpointName(options.model_basename + "-0")
+                        .WithContext("model_basename '" + options.model_basename +
+                                     "' is not a plain file name"));
+    if (options.model_basename == saver.basename) {
+      return Status::InvalidArgument("model_basename '" + options.model_basename +
+                                     "' must differ from the input checkpoints' basename");
+    }
+  }
   ASSIGN_OR_RETURN(SaveSchedule schedule, SaveSchedule::Create(saver));
   return std::unique_ptr<CheckpointInputPipelineHook>(new CheckpointInputPipelineHook(
       std::make_unique<Impl>(std::move(options), iterator, std::move(schedule))));

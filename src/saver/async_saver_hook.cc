@@ -102,6 +102,7 @@ class AsyncCheckpointSaverHook::Impl {
     std::lock_guard lock(mu_);
     SaverTotals totals = totals_;
     if (engine_) totals.staging_high_water_bytes = engine_->staging_high_water();
+    if (storage_.manager) totals.retention_failures = storage_.manager->retention_failures();
     return totals;
   }
 

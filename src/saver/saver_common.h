@@ -48,10 +48,14 @@ struct SaverStorage {
   /// State file and retention.
   std::unique_ptr<CheckpointManager> manager;
 
-  /// Creates checkpoint_dir, removes stale temporaries (logged and returned), recovers the
-  /// retained list from the state file named `state_file_name`.
+  /// Creates checkpoint_dir and a manager validating with ValidateCheckpointDirectory, then
+  /// runs its start-up recovery and garbage collection (CheckpointManager::Start) on the state
+  /// file named `state_file_name`. Pairs retention with `partner`, or, when that is empty, with
+  /// options.paired_input_basename's input checkpoints. Returns the names removed (each
+  /// logged); what start-up could not do is logged, not returned.
   Result<std::vector<std::string>> Start(
-      const SaverOptions& options, const std::string& state_file_name = kCheckpointStateFileName);
+      const SaverOptions& options, const std::string& state_file_name = kCheckpointStateFileName,
+      const CheckpointPartner& partner = {});
 };
 
 /// Writes and commits the tensors of `registry` as checkpoint `metadata.step` on the calling
@@ -62,6 +66,18 @@ struct SaverStorage {
 Status WriteAndCommit(const SaverOptions& options, SaverStorage& storage,
                       const TensorRegistry& registry, const CheckpointMetadata& metadata,
                       SaveStats* stats);
+/// The savers' CheckpointValidator: OK (with the metadata's wall time) when `checkpoint_path`
+/// holds a regular "index" file of at most format::kMaxIndexBytes that decodes, and every chunk
+/// it names lies inside its data files (their sizes, not their bytes, are checked).
+/// NotFound or Corruption when it does not; FailedPrecondition for an intact index of another
+/// format version; IOError when a file cannot be read; ResourceExhausted when the index cannot
+/// be held in memory. Never opens anything but the index, never follows a symlinked index.
+Result<ValidCheckpoint> ValidateCheckpointDirectory(io::FileSystem& fs,
+                                                    const std::string& checkpoint_path);
+
+/// The state file of input pipeline checkpoints named `basename`: "checkpoint_" + the basename
+/// without ".ckpt" ("checkpoint_input" for "input.ckpt"; TensorFlow's latest_filename).
+std::string InputStateFileForBasename(const std::string& basename);
 
 /// Tells every listener about a finished save; true when one of them asks to stop.
 bool NotifyAfterSave(const std::vector<CheckpointSaverListener*>& listeners, int64_t step,

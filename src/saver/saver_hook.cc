@@ -56,7 +56,11 @@ class CheckpointSaverHook::Impl {
   }
 
   const SaveSchedule& schedule() const { return schedule_; }
-  const SaverTotals& totals() const { return totals_; }
+  SaverTotals totals() const {
+    SaverTotals totals = totals_;
+    if (storage_.manager) totals.retention_failures = storage_.manager->retention_failures();
+    return totals;
+  }
 
  private:
   SaverOptions options_;

@@ -2,11 +2,13 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -18,6 +20,7 @@
 #include <vector>
 
 #include "asyncckpt/file_system.h"
+#include "asyncckpt/state.h"
 #include "io/fault_injection_file_system.h"
 #include "src/util/log.h"
 
@@ -143,6 +146,32 @@ class CheckpointStateTest : public ::testing::Test {
     std::set<std::string> names;
     for (const std::string& name : Entries()) {
       if (name.rfind(std::string(kBasename) + "-", 0) == 0 && fs::is_directory(Path(name))) {
+        names.insert(name);
+      }
+    }
+    return names;
+  }
+
+  // A checkpoint directory with an index and a data file.
+  void MakeFullCheckpointDir(const std::string& name) const {
+    MakeCheckpointDir(name, "index of " + name);
+    std::ofstream(Path(name) + "/data-00000-of-00001") << "data of " << name;
+  }
+
+  // The entries named exactly like a checkpoint of kBasename ("model.ckpt-<step>").
+  std::set<std::string> CommittedLooking() const {
+    std::set<std::string> names;
+    for (const std::string& name : Entries()) {
+      if (CheckpointStep(name, kBasename)) names.insert(name);
+    }
+    return names;
+  }
+
+  // Temporaries and interrupted deletions.
+  std::set<std::string> Leftovers() const {
+    std::set<std::string> names;
+    for (const std::string& name : Entries()) {
+      if (name.find(".tmp-") != std::string::npos || name.find(".deleting-") != std::string::npos) {
         names.insert(name);
       }
     }
@@ -485,9 +514,15 @@ TEST_F(CheckpointStateTest, CommitDirectoryReplacesExistingFinalAtomically) {
   ASSERT_TRUE(CommitDirectory(*faulty_, dir_, tmp, "model.ckpt-1").ok());
   EXPECT_THAT(Entries(), UnorderedElementsAre("model.ckpt-1"));
   EXPECT_EQ(ReadText("model.ckpt-1/index"), "new");
-  // The swap is made durable before the old copy is removed.
-  EXPECT_THAT(faulty_->ops(), ElementsAre("sync_dir " + Path(tmp), "exchange " + Path(tmp),
-                                          "sync_dir " + dir_, "remove_tree " + Path(tmp)));
+  // The old copy leaves for a ".deleting-" name, and the swap and that rename are made durable
+  // before it is removed.
+  const std::vector<std::string> ops = faulty_->ops();
+  ASSERT_EQ(ops.size(), 5u);
+  EXPECT_EQ(ops[0], "sync_dir " + Path(tmp));
+  EXPECT_EQ(ops[1], "exchange " + Path(tmp));
+  EXPECT_EQ(ops[2], "rename " + Path(tmp));
+  EXPECT_EQ(ops[3], "sync_dir " + dir_);
+  EXPECT_THAT(ops[4], HasSubstr("remove_tree " + Path("model.ckpt-1.deleting-")));
 }
 
 TEST_F(CheckpointStateTest, CommitDirectoryFallsBackWhenExchangeIsUnsupported) {
@@ -504,7 +539,7 @@ TEST_F(CheckpointStateTest, CommitDirectoryFallsBackWhenExchangeIsUnsupported) {
   EXPECT_EQ(ops[2], "rename " + Path("model.ckpt-1"));
   EXPECT_EQ(ops[3], "rename " + Path(tmp));
   EXPECT_EQ(ops[4], "sync_dir " + dir_);
-  EXPECT_THAT(ops[5], HasSubstr("remove_tree " + Path("model.ckpt-1.tmp-")));
+  EXPECT_THAT(ops[5], HasSubstr("remove_tree " + Path("model.ckpt-1.deleting-")));
 }
 
 TEST_F(CheckpointStateTest, CommitDirectoryFallbackRestoresOldCopyWhenSecondRenameFails) {
@@ -570,9 +605,13 @@ TEST_F(CheckpointStateTest, StateIsWrittenBeforeAnythingIsDeleted) {
   Commit(*manager, 1, 1);
   Commit(*manager, 2, 2);
   const std::vector<std::string> ops = faulty_->ops();
-  ASSERT_GE(ops.size(), 2u);
+  ASSERT_GE(ops.size(), 4u);
+  // The state file's rename is synced; only then does the dropped checkpoint leave its name
+  // (synced again) and get removed under the new one.
+  EXPECT_EQ(ops[ops.size() - 4], "sync_dir " + dir_);
+  EXPECT_EQ(ops[ops.size() - 3], "rename " + Path(Name(1)));
   EXPECT_EQ(ops[ops.size() - 2], "sync_dir " + dir_);
-  EXPECT_EQ(ops.back(), "remove_tree " + Path(Name(1)));
+  EXPECT_THAT(ops.back(), HasSubstr("remove_tree " + Path(Name(1) + ".deleting-")));
 }
 
 TEST_F(CheckpointStateTest, KeepEveryNHoursPreservesWhatTensorFlowWould) {
@@ -669,16 +708,36 @@ TEST_F(CheckpointStateTest, RecommitAfterAFailedStateWriteKeepsTheCheckpoint) {
   EXPECT_EQ(CheckpointDirs(), (std::set<std::string>{Name(1)}));
 }
 
-TEST_F(CheckpointStateTest, DeletionFailureIsReturnedAfterTheStateIsWritten) {
+// Finding 7: a committed save whose retention cannot delete an old checkpoint is a committed
+// save. Before, RecordCommitted returned the EACCES and the save was reported failed.
+TEST_F(CheckpointStateTest, RetentionFailureIsLoggedAndCountedNotReturned) {
   auto manager = NewManager(1);
   Commit(*manager, 1, 1);
   MakeCheckpointDir(Name(2));
   faulty_->set_fault(
       [](const std::string& op, const std::string&) { return op == "remove_tree" ? EACCES : 0; });
+  std::vector<std::string> logged;
+  auto previous = SetLogSink([&](std::string_view line) { logged.emplace_back(line); });
   const Status status = manager->RecordCommitted(Name(2), 2);
-  EXPECT_EQ(status.code(), StatusCode::kIOError);
-  EXPECT_THAT(status.message(), HasSubstr(Name(1)));
+  SetLogSink(std::move(previous));
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  EXPECT_EQ(manager->retention_failures(), 1);
   EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre(Name(2)));
+  ASSERT_FALSE(logged.empty());
+  EXPECT_THAT(logged.back(), HasSubstr("could not remove " + Path(Name(1))));
+  EXPECT_THAT(logged.back(), HasSubstr(std::strerror(EACCES)));
+  // Nothing half-deleted is left under the committed name; the leftover goes at the next start,
+  // which does not fail while it still cannot remove it.
+  EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(2)}));
+  auto restarted = NewManager(1);
+  Result<StartupReport> report = restarted->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->failures.size(), 1u);
+  faulty_->set_fault(nullptr);
+  report = NewManager(1)->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->failures.empty());
+  EXPECT_THAT(Entries(), UnorderedElementsAre("checkpoint", Name(2)));
 }
 
 TEST_F(CheckpointStateTest, CrashAtAnyPointOfACommitNeverNamesADeletedCheckpoint) {
@@ -711,14 +770,14 @@ TEST_F(CheckpointStateTest, CrashAtAnyPointOfACommitNeverNamesADeletedCheckpoint
 
 // ---- recovery -----------------------------------------------------------------------------------
 
-TEST_F(CheckpointStateTest, RecoverContinuesRetentionAndDropsMissingDirectories) {
+TEST_F(CheckpointStateTest, StartContinuesRetentionAndDropsMissingDirectories) {
   {
     auto first = NewManager(3);
     for (int step = 1; step <= 5; ++step) Commit(*first, step, step);
   }
   fs::remove_all(Path(Name(4)));  // lost while the job was down
   auto manager = NewManager(3);
-  ASSERT_TRUE(manager->Recover().ok());
+  ASSERT_TRUE(manager->Start().ok());
   EXPECT_THAT(manager->retained(), ElementsAre(Name(3), Name(5)));
   EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre(Name(3), Name(5)));
   EXPECT_THAT(ReadState().all_model_checkpoint_timestamps, ElementsAre(3.0, 5.0));
@@ -729,7 +788,7 @@ TEST_F(CheckpointStateTest, RecoverContinuesRetentionAndDropsMissingDirectories)
   EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre(Name(5), Name(6), Name(7)));
 }
 
-TEST_F(CheckpointStateTest, RecoverRewritesNothingWhenNothingChanged) {
+TEST_F(CheckpointStateTest, StartRewritesNothingWhenNothingChanged) {
   {
     auto first = NewManager(3);
     Commit(*first, 1, 1);
@@ -738,52 +797,67 @@ TEST_F(CheckpointStateTest, RecoverRewritesNothingWhenNothingChanged) {
   const std::string before = ReadText("checkpoint");
   const int renames = faulty_->count("rename");
   auto manager = NewManager(3);
-  ASSERT_TRUE(manager->Recover().ok());
+  ASSERT_TRUE(manager->Start().ok());
   EXPECT_EQ(faulty_->count("rename"), renames);
   EXPECT_EQ(ReadText("checkpoint"), before);
   EXPECT_THAT(manager->retained(), ElementsAre(Name(1), Name(2)));
 }
 
-TEST_F(CheckpointStateTest, RecoverWithoutStateFileStartsEmpty) {
+TEST_F(CheckpointStateTest, StartWithoutStateFileStartsEmpty) {
   auto manager = NewManager(3);
-  ASSERT_TRUE(manager->Recover().ok());
+  ASSERT_TRUE(manager->Start().ok());
   EXPECT_TRUE(manager->retained().empty());
   EXPECT_TRUE(Entries().empty());
 }
 
-TEST_F(CheckpointStateTest, RecoverKeepsLastPreservedTimestamp) {
+TEST_F(CheckpointStateTest, StartKeepsLastPreservedTimestamp) {
   CheckpointState state = ExampleState();
   MakeCheckpointDir("model.ckpt-1000");
   MakeCheckpointDir("model.ckpt-2000");
   ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
   auto manager = NewManager(5);
-  ASSERT_TRUE(manager->Recover().ok());
+  ASSERT_TRUE(manager->Start().ok());
   ExpectSameState(manager->state(), state);
   Commit(*manager, 3000, 1763870100);
   EXPECT_EQ(ReadState().last_preserved_timestamp, 1763869000);
 }
 
-TEST_F(CheckpointStateTest, RecoverOfCorruptStateIsCorruptionAndDeletesNothing) {
+// Finding 6a: a corrupt state file used to stop the saver (Corruption), and a resume beside it
+// started afresh. Now the list is rebuilt from the complete checkpoints on disk, loudly.
+TEST_F(CheckpointStateTest, StartRebuildsACorruptStateFileFromTheDirectory) {
   MakeCheckpointDir(Name(1));
   MakeCheckpointDir(Name(2));
-  const std::string corrupt = "model_checkpoint_path: \"" + Name(2) + "\"\ngarbage\n";
+  MakeCheckpointDir(Name(3));
+  const std::string corrupt = "model_checkpoint_path: \"" + Name(3) + "\"\ngarbage\n";
   WriteText("checkpoint", corrupt);
-  auto manager = NewManager(1);
-  const Status status = manager->Recover();
-  EXPECT_EQ(status.code(), StatusCode::kCorruption);
-  EXPECT_THAT(status.message(), HasSubstr(Path("checkpoint") + ":2:"));
-  EXPECT_EQ(ReadText("checkpoint"), corrupt);
-  EXPECT_EQ(CheckpointDirs(), (std::set<std::string>{Name(1), Name(2)}));
-  EXPECT_EQ(faulty_->count("remove_tree"), 0);
+  auto manager = NewManager(2);
+  std::vector<std::string> logged;
+  auto previous = SetLogSink([&](std::string_view line) { logged.emplace_back(line); });
+  Result<StartupReport> report = manager->Start();
+  SetLogSink(std::move(previous));
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(report->rebuilt_because, HasSubstr(Path("checkpoint") + ":2:"));
+  EXPECT_THAT(manager->retained(), ElementsAre(Name(2), Name(3)));
+  EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre(Name(2), Name(3)));
+  // Older than the rebuilt window, complete, unlisted: removed as retention would have.
+  EXPECT_THAT(report->removed, ElementsAre(Name(1)));
+  EXPECT_EQ(CheckpointDirs(), (std::set<std::string>{Name(2), Name(3)}));
+  const bool warned = std::any_of(logged.begin(), logged.end(), [&](const std::string& line) {
+    return line.find("WARNING") != std::string::npos &&
+           line.find("rebuilt the list") != std::string::npos;
+  });
+  EXPECT_TRUE(warned);
 }
 
 // ---- stale temporaries --------------------------------------------------------------------------
 
-TEST_F(CheckpointStateTest, RemoveStaleTemporariesRemovesOnlyOurTemporaries) {
+TEST_F(CheckpointStateTest, StartRemovesOnlyOurTemporariesAndDeletions) {
   const std::vector<std::string> stale = {
-      "checkpoint.tmp-00ff", "model.ckpt-5.tmp-0123456789abcdef", "model.ckpt-7.tmp-AB"};
+      "checkpoint.tmp-00ff", "model.ckpt-3.deleting-0123456789abcdef",
+      "model.ckpt-5.tmp-0123456789abcdef", "model.ckpt-7.tmp-AB"};
   MakeCheckpointDir(stale[1]);
   MakeCheckpointDir(stale[2]);
+  MakeCheckpointDir(stale[3]);
   WriteText(stale[0], "partial");
   const std::set<std::string> kept = {"checkpoint",
                                       "model.ckpt-5",
@@ -798,25 +872,35 @@ TEST_F(CheckpointStateTest, RemoveStaleTemporariesRemovesOnlyOurTemporaries) {
                                       "checkpoint.tmp-",
                                       "checkpoint.tmp-zz",
                                       "xmodel.ckpt-5.tmp-01",
-                                      "model.ckpt-5.tmp-01-2"};
+                                      "model.ckpt-5.tmp-01-2",
+                                      "model.ckpt-3.deleting-zz",
+                                      "other.ckpt-3.deleting-01",
+                                      "model.ckpt-3.deleting-01"};
   for (const std::string& name : kept) WriteText(name, "keep");
   fs::remove(Path("model.ckpt-5"));
   MakeCheckpointDir("model.ckpt-5");
   fs::remove(Path("other.ckpt-5.tmp-0123"));
   MakeCheckpointDir("other.ckpt-5.tmp-0123");
   auto manager = NewManager(3);
-  Result<std::vector<std::string>> removed = manager->RemoveStaleTemporaries();
-  ASSERT_TRUE(removed.ok()) << removed.status().ToString();
-  EXPECT_EQ(*removed, stale);
+  Result<StartupReport> report = manager->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->removed, stale);
+  // "model.ckpt-3.deleting-01" is a file: this library only ever renames directories so.
   EXPECT_EQ(Entries(), kept);
+  // The garbage state file ("keep") gave way to the one complete checkpoint on disk.
+  EXPECT_THAT(manager->retained(), ElementsAre("model.ckpt-5"));
 }
 
-TEST_F(CheckpointStateTest, RemoveStaleTemporariesReportsAFailure) {
+TEST_F(CheckpointStateTest, StartLogsAndReportsAFailedRemovalButDoesNotFail) {
   MakeCheckpointDir("model.ckpt-5.tmp-01");
   faulty_->set_fault(
       [](const std::string& op, const std::string&) { return op == "remove_tree" ? EACCES : 0; });
   auto manager = NewManager(3);
-  EXPECT_EQ(manager->RemoveStaleTemporaries().status().code(), StatusCode::kIOError);
+  Result<StartupReport> report = manager->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->failures.size(), 1u);
+  EXPECT_THAT(report->failures[0], HasSubstr(Path("model.ckpt-5.tmp-01")));
+  EXPECT_TRUE(report->removed.empty());
 }
 
 // ---- pinning ------------------------------------------------------------------------------------
@@ -900,6 +984,597 @@ TEST_F(CheckpointStateTest, ConcurrentPinsAndCommitsNeverLoseAPinnedCheckpoint) 
   EXPECT_GT(checks.load(), 0);
   EXPECT_THAT(manager->retained(), ElementsAre(Name(kCommits - 1), Name(kCommits)));
   EXPECT_EQ(CheckpointDirs(), (std::set<std::string>{Name(kCommits - 1), Name(kCommits)}));
+}
+
+// ---- what an entry is ---------------------------------------------------------------------------
+
+// The manager decides what it may touch by io::FileSystem::entry_type, which must not follow a
+// symlink (lstat).
+TEST_F(CheckpointStateTest, EntryTypeSeesSymlinksAndSpecialFilesAsThemselves) {
+  MakeCheckpointDir("dir");
+  fs::create_directory_symlink(Path("dir"), Path("link"));
+  fs::create_symlink(Path("nowhere"), Path("dangling"));
+  ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0600), 0);
+  const std::vector<std::pair<std::string, io::EntryType>> expected = {
+      {"dir", io::EntryType::kDirectory},   {"dir/index", io::EntryType::kFile},
+      {"link", io::EntryType::kSymlink},    {"dangling", io::EntryType::kSymlink},
+      {"fifo", io::EntryType::kOther},      {"missing", io::EntryType::kNone},
+      {"dir/index/x", io::EntryType::kNone}};
+  for (const auto& [name, type] : expected) {
+    io::EntryType seen = io::EntryType::kFile;
+    ASSERT_TRUE(faulty_->entry_type(Path(name), &seen).ok()) << name;
+    EXPECT_EQ(seen, type) << name;
+  }
+}
+
+// ---- names --------------------------------------------------------------------------------------
+
+TEST(CheckpointStepTest, AcceptsExactlyWhatCheckpointDirNameWrites) {
+  EXPECT_EQ(CheckpointStep("model.ckpt-0", "model.ckpt"), 0);
+  EXPECT_EQ(CheckpointStep("model.ckpt-1200", "model.ckpt"), 1200);
+  EXPECT_EQ(CheckpointStep("model.ckpt-9223372036854775807", "model.ckpt"), INT64_MAX);
+  for (const char* name :
+       {"model.ckpt-", "model.ckpt-01", "model.ckpt--1", "model.ckpt-+1", "model.ckpt-1a",
+        "model.ckpt-1.tmp-01", "model.ckpt-1.deleting-01", "model.ckpt1", "xmodel.ckpt-1",
+        "input.ckpt-1", "model.ckpt-9223372036854775808", "my-notes"}) {
+    EXPECT_FALSE(CheckpointStep(name, "model.ckpt").has_value()) << name;
+  }
+}
+
+TEST(DeletingDirNameTest, AppendsSixteenRandomHexDigits) {
+  const std::string name = DeletingDirName("model.ckpt-10");
+  const std::string prefix = "model.ckpt-10.deleting-";
+  ASSERT_EQ(name.size(), prefix.size() + 16) << name;
+  EXPECT_EQ(name.substr(0, prefix.size()), prefix);
+  EXPECT_EQ(name.find_first_not_of("0123456789abcdef", prefix.size()), std::string::npos);
+}
+
+// ---- crash-safe retention -----------------------------------------------------------------------
+
+// remove_tree removes one file of the tree and then "crashes" (EIO), as a kill in the middle of
+// an rm -rf would.
+class HalfRemovingFileSystem final : public io::FileSystemWrapper {
+ public:
+  using FileSystemWrapper::FileSystemWrapper;
+  io::IoStatus remove_tree(const std::string& path) override {
+    std::vector<std::string> names;
+    if (target()->list_dir(path, &names).ok() && !names.empty()) {
+      std::sort(names.begin(), names.end());
+      (void)target()->remove_file(path + "/" + names.front());
+    }
+    return io::IoStatus(EIO, "remove tree " + path + ": interrupted (test)");
+  }
+};
+
+// Finding 1: a retention deletion interrupted half way left a directory under the committed
+// name, unlisted and incomplete, forever. Now it is renamed out of the namespace first, and the
+// next start removes what is left.
+TEST_F(CheckpointStateTest, RetentionInterruptedMidRemovalLeavesNoCommittedDebris) {
+  HalfRemovingFileSystem half(posix_.get());
+  {
+    CheckpointManager manager(&half, dir_, kBasename, 1, 0, [] { return 0.0; });
+    MakeFullCheckpointDir(Name(1));
+    ASSERT_TRUE(manager.RecordCommitted(Name(1), 1).ok());
+    MakeFullCheckpointDir(Name(2));
+    ASSERT_TRUE(manager.RecordCommitted(Name(2), 2).ok());
+    EXPECT_EQ(manager.retention_failures(), 1);
+  }
+  EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(2)}));
+  auto restarted = NewManager(1);
+  ASSERT_TRUE(restarted->Start().ok());
+  EXPECT_THAT(Entries(), UnorderedElementsAre("checkpoint", Name(2)));
+}
+
+TEST_F(CheckpointStateTest, CrashAtAnyPointOfRetentionLeavesNoDebrisAfterTheNextStart) {
+  for (uint64_t n = 1;; ++n) {
+    SCOPED_TRACE("crash at operation " + std::to_string(n));
+    TearDown();
+    SetUp();
+    io::FaultInjectionFileSystem injected(posix_.get());
+    uint64_t before = 0;
+    {
+      CheckpointManager manager(&injected, dir_, kBasename, 1, 0, [] { return 0.0; });
+      for (int step = 1; step <= 3; ++step) {
+        MakeFullCheckpointDir(Name(step));
+        if (step == 3) {
+          before = injected.operation_count();
+          injected.fail_after(n, EIO);
+        }
+        (void)manager.RecordCommitted(Name(step), step);
+      }
+    }
+    const bool finished = injected.operation_count() - before < n;
+    ASSERT_TRUE(injected.drop_unsynced_data().ok());
+    ASSERT_TRUE(NewManager(1)->Start().ok());
+    const CheckpointState state = ReadState();
+    const std::set<std::string> listed(state.all_model_checkpoint_paths.begin(),
+                                       state.all_model_checkpoint_paths.end());
+    EXPECT_EQ(CommittedLooking(), listed);
+    EXPECT_TRUE(Leftovers().empty()) << *Leftovers().begin();
+    EXPECT_TRUE(listed.contains(Name(3)) || listed.contains(Name(2)));
+    if (finished) {
+      EXPECT_EQ(listed, (std::set<std::string>{Name(3)}));
+      break;
+    }
+    ASSERT_LT(n, 20u) << "the commit never finished";
+  }
+}
+
+// Finding 4: a state file naming a user's directory got it deleted by retention.
+TEST_F(CheckpointStateTest, StateFileNamingAUsersDirectoryNeverGetsItDeleted) {
+  fs::create_directory(Path("my-notes"));
+  std::ofstream(Path("my-notes/todo.txt")) << "mine";
+  MakeCheckpointDir(Name(1));
+  CheckpointState state;
+  state.all_model_checkpoint_paths = {"my-notes", Name(1)};
+  state.all_model_checkpoint_timestamps = {1, 2};
+  state.model_checkpoint_path = Name(1);
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
+  auto manager = NewManager(1);
+  Result<StartupReport> report = manager->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(report->dropped, ElementsAre("my-notes"));
+  Commit(*manager, 2, 3);
+  Commit(*manager, 3, 4);
+  EXPECT_EQ(ReadText("my-notes/todo.txt"), "mine");
+  EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre(Name(3)));
+}
+
+TEST_F(CheckpointStateTest, RetentionNeverDeletesADirectoryWithoutAnIndex) {
+  auto manager = NewManager(1);
+  Commit(*manager, 1, 1);
+  fs::remove(Path(Name(1) + "/index"));  // not what this library wrote any more
+  std::ofstream(Path(Name(1) + "/notes")) << "mine";
+  Commit(*manager, 2, 2);
+  EXPECT_EQ(ReadText(Name(1) + "/notes"), "mine");
+  EXPECT_EQ(manager->retention_failures(), 0);
+}
+
+class CheckpointSymlinkTest : public CheckpointStateTest {
+ protected:
+  void SetUp() override {
+    CheckpointStateTest::SetUp();
+    std::string pattern = (fs::path(::testing::TempDir()) / "outside_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    outside_ = pattern;
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(outside_, ignored);
+    CheckpointStateTest::TearDown();
+  }
+  std::string outside_;
+};
+
+TEST_F(CheckpointSymlinkTest, SymlinkNamedLikeACheckpointIsNeverFollowedNorRemoved) {
+  fs::create_directory(outside_ + "/complete");
+  std::ofstream(outside_ + "/complete/index") << "index";
+  std::ofstream(outside_ + "/complete/precious") << "mine";
+  fs::create_directory(outside_ + "/incomplete");
+  std::ofstream(outside_ + "/incomplete/precious") << "mine";
+  fs::create_directory_symlink(outside_ + "/complete", Path(Name(1)));    // listed
+  fs::create_directory_symlink(outside_ + "/incomplete", Path(Name(7)));  // unlisted
+  fs::create_directory_symlink(outside_ + "/complete", Path(Name(9)));    // unlisted, "newer"
+  MakeCheckpointDir(Name(2));
+  CheckpointState state;
+  state.all_model_checkpoint_paths = {Name(1), Name(2)};
+  state.all_model_checkpoint_timestamps = {1, 2};
+  state.model_checkpoint_path = Name(2);
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
+
+  auto manager = NewManager(1);
+  Result<StartupReport> report = manager->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(report->dropped, ElementsAre(Name(1)));
+  EXPECT_THAT(manager->retained(), ElementsAre(Name(2)));
+  Commit(*manager, 3, 3);
+  Commit(*manager, 4, 4);
+  for (int step : {1, 7, 9}) EXPECT_TRUE(fs::is_symlink(Path(Name(step)))) << step;
+  EXPECT_EQ(ReadText(Name(1) + "/precious"), "mine");
+  EXPECT_EQ(ReadText(Name(7) + "/precious"), "mine");
+  EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre(Name(4)));
+  EXPECT_EQ(CheckpointDirs(), (std::set<std::string>{Name(1), Name(4), Name(7), Name(9)}));
+}
+
+TEST_F(CheckpointStateTest, StateFileThatIsNotARegularFileIsCorruptionNotABlockingRead) {
+  ASSERT_EQ(::mkfifo(Path("checkpoint").c_str(), 0600), 0);
+  Result<CheckpointState> read = GetCheckpointState(dir_);
+  EXPECT_EQ(read.status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(read.status().message(), HasSubstr("not a regular file"));
+  MakeCheckpointDir(Name(1));
+  auto manager = NewManager(2);
+  ASSERT_TRUE(manager->Start().ok());
+  EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre(Name(1)));
+}
+
+// ---- start-up recovery --------------------------------------------------------------------------
+
+TEST_F(CheckpointStateTest, FreshDirectoryStartsEmptyAndSilently) {
+  std::vector<std::string> logged;
+  auto previous = SetLogSink([&](std::string_view line) { logged.emplace_back(line); });
+  Result<StartupReport> report = NewManager(3)->Start();
+  SetLogSink(std::move(previous));
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(logged.empty()) << logged.front();
+  EXPECT_TRUE(Entries().empty());
+  EXPECT_TRUE(report->rebuilt_because.empty());
+}
+
+// Finding 6a: an empty state file, or one naming only missing checkpoints, made a resume start
+// afresh beside intact checkpoints (which retention then deleted).
+TEST_F(CheckpointStateTest, EmptyStateFileIsRebuiltFromTheDirectory) {
+  for (int step = 4; step <= 7; ++step) MakeCheckpointDir(Name(step));
+  WriteText("checkpoint", "");
+  auto manager = NewManager(3);
+  Result<StartupReport> report = manager->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(report->rebuilt_because, HasSubstr("names no checkpoint"));
+  EXPECT_THAT(manager->retained(), ElementsAre(Name(5), Name(6), Name(7)));
+  EXPECT_EQ(ReadState().model_checkpoint_path, Name(7));
+  EXPECT_THAT(report->removed, ElementsAre(Name(4)));
+}
+
+TEST_F(CheckpointStateTest, StateFileNamingOnlyMissingCheckpointsIsRebuiltFromTheDirectory) {
+  for (int step = 4; step <= 7; ++step) MakeCheckpointDir(Name(step));
+  CheckpointState state;
+  state.all_model_checkpoint_paths = {Name(999)};
+  state.model_checkpoint_path = Name(999);
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
+  auto manager = NewManager(5);
+  Result<StartupReport> report = manager->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(report->dropped, ElementsAre(Name(999)));
+  EXPECT_THAT(report->rebuilt_because, HasSubstr("names no complete checkpoint"));
+  EXPECT_THAT(manager->retained(), ElementsAre(Name(4), Name(5), Name(6), Name(7)));
+  EXPECT_TRUE(report->removed.empty());
+}
+
+TEST_F(CheckpointStateTest, DeletedLatestIsDroppedAndTheRestKept) {
+  for (int step = 4; step <= 7; ++step) MakeCheckpointDir(Name(step));
+  CheckpointState state;
+  for (int step = 4; step <= 8; ++step) {
+    state.all_model_checkpoint_paths.push_back(Name(step));
+    state.all_model_checkpoint_timestamps.push_back(step);
+  }
+  state.model_checkpoint_path = Name(8);
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
+  auto manager = NewManager(5);
+  Result<StartupReport> report = manager->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(report->dropped, ElementsAre(Name(8)));
+  EXPECT_THAT(manager->retained(), ElementsAre(Name(4), Name(5), Name(6), Name(7)));
+  EXPECT_EQ(LatestCheckpoint(dir_).value(), Path(Name(7)));
+}
+
+// A validator that finds a directory complete when its index reads "complete <wall time>".
+CheckpointValidator ContentValidator() {
+  return [](const std::string& path) -> Result<ValidCheckpoint> {
+    std::ifstream in(path + "/index");
+    std::string word;
+    double wall_time = 0;
+    if (!(in >> word >> wall_time) || word != "complete") {
+      return Status::Corruption(path + "/index is not complete");
+    }
+    return ValidCheckpoint{wall_time};
+  };
+}
+
+// Finding 7: a directory committed while the state-file update hit ENOSPC was never listed and
+// never removed.
+TEST_F(CheckpointStateTest, CommittedButUnlistedCheckpointIsListedAgainAtStart) {
+  auto manager = NewManager(3);
+  for (int step = 1; step <= 2; ++step) {
+    MakeCheckpointDir(Name(step), "complete " + std::to_string(step));
+    ASSERT_TRUE(manager->RecordCommitted(Name(step), step).ok());
+  }
+  MakeCheckpointDir(Name(3), "complete 33.5");
+  faulty_->set_fault(
+      [](const std::string& op, const std::string&) { return op == "rename" ? ENOSPC : 0; });
+  EXPECT_FALSE(manager->RecordCommitted(Name(3), 3).ok());
+  faulty_->set_fault(nullptr);
+  CheckpointManager restarted(faulty_.get(),
+                              CheckpointManagerOptions{.checkpoint_dir = dir_,
+                                                       .basename = kBasename,
+                                                       .max_to_keep = 3,
+                                                       .validator = ContentValidator()},
+                              [] { return 0.0; });
+  Result<StartupReport> report = restarted.Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(report->relisted, ElementsAre(Name(3)));
+  EXPECT_THAT(restarted.retained(), ElementsAre(Name(1), Name(2), Name(3)));
+  EXPECT_THAT(ReadState().all_model_checkpoint_timestamps, ElementsAre(1.0, 2.0, 33.5));
+}
+
+TEST_F(CheckpointStateTest, UnlistedDirectoriesFollowTheStartupRule) {
+  // Listed: 5 and 6 (max_to_keep 3). Unlisted: 1 incomplete, 2 and 3 complete and old, 4
+  // complete and old, 7 incomplete, 8 complete and new.
+  for (int step : {5, 6}) MakeCheckpointDir(Name(step), "complete " + std::to_string(step));
+  for (int step : {2, 3, 4, 8}) MakeCheckpointDir(Name(step), "complete " + std::to_string(step));
+  MakeCheckpointDir(Name(1), "torn");
+  fs::create_directory(Path(Name(7)));
+  CheckpointState state;
+  state.all_model_checkpoint_paths = {Name(5), Name(6)};
+  state.all_model_checkpoint_timestamps = {5, 6};
+  state.model_checkpoint_path = Name(6);
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
+  for (double hours : {0.0, 1.0}) {
+    SCOPED_TRACE("keep_checkpoint_every_n_hours " + std::to_string(hours));
+    CheckpointManager manager(faulty_.get(),
+                              CheckpointManagerOptions{.checkpoint_dir = dir_,
+                                                       .basename = kBasename,
+                                                       .max_to_keep = 3,
+                                                       .keep_checkpoint_every_n_hours = hours,
+                                                       .validator = ContentValidator()},
+                              [] { return 0.0; });
+    Result<StartupReport> report = manager.Start();
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    // 8 is newer than the oldest listed; 4 is not, and the list (5, 6, 8) is full.
+    EXPECT_THAT(manager.retained(), ElementsAre(Name(5), Name(6), Name(8)));
+    if (hours == 0) {
+      EXPECT_EQ(report->removed,
+                (std::vector<std::string>{Name(1), Name(2), Name(3), Name(4), Name(7)}));
+      EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(5), Name(6), Name(8)}));
+      for (int step : {2, 3, 4}) MakeCheckpointDir(Name(step), "complete 0");  // again
+    } else {
+      EXPECT_TRUE(report->removed.empty());
+      EXPECT_THAT(report->kept_unlisted, ElementsAre(Name(4), Name(3), Name(2)));
+    }
+  }
+}
+
+TEST_F(CheckpointStateTest, StartFillsAShortListWithTheNewestUnlistedCheckpoints) {
+  for (int step = 1; step <= 6; ++step) MakeCheckpointDir(Name(step));
+  CheckpointState state;
+  state.all_model_checkpoint_paths = {Name(5)};
+  state.all_model_checkpoint_timestamps = {5};
+  state.model_checkpoint_path = Name(5);
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
+  auto manager = NewManager(3);
+  ASSERT_TRUE(manager->Start().ok());
+  EXPECT_THAT(manager->retained(), ElementsAre(Name(4), Name(5), Name(6)));
+  EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(4), Name(5), Name(6)}));
+}
+
+TEST_F(CheckpointStateTest, IncompleteListedCheckpointIsRemovedOnlyAfterTheStateIsRewritten) {
+  MakeCheckpointDir(Name(1), "complete 1");
+  MakeCheckpointDir(Name(2), "torn");
+  CheckpointState state;
+  state.all_model_checkpoint_paths = {Name(1), Name(2)};
+  state.all_model_checkpoint_timestamps = {1, 2};
+  state.model_checkpoint_path = Name(2);
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
+  const CheckpointManagerOptions options{.checkpoint_dir = dir_,
+                                         .basename = kBasename,
+                                         .max_to_keep = 3,
+                                         .validator = ContentValidator()};
+  faulty_->set_fault([](const std::string& op, const std::string& path) {
+    return op == "rename" && path.find("checkpoint.tmp-") != std::string::npos ? ENOSPC : 0;
+  });
+  {
+    CheckpointManager manager(faulty_.get(), options, [] { return 0.0; });
+    Result<StartupReport> report = manager.Start();
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->failures.size(), 1u);
+    EXPECT_TRUE(fs::exists(Path(Name(2)))) << "still named by the state file on disk";
+  }
+  faulty_->set_fault(nullptr);
+  CheckpointManager manager(faulty_.get(), options, [] { return 0.0; });
+  Result<StartupReport> report = manager.Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(report->removed, ElementsAre(Name(2)));
+  EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre(Name(1)));
+}
+
+// ---- committed steps for readers ----------------------------------------------------------------
+
+TEST_F(CheckpointStateTest, CommittedStepsComeFromAHealthyStateFile) {
+  for (int step : {1, 2, 3}) MakeCheckpointDir(Name(step), "complete 0");
+  CheckpointState state;
+  state.all_model_checkpoint_paths = {Name(2), Name(3)};
+  state.model_checkpoint_path = Name(3);
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
+  Result<std::vector<int64_t>> steps =
+      ListCommittedSteps(*posix_, dir_, kBasename, "checkpoint", ContentValidator());
+  ASSERT_TRUE(steps.ok()) << steps.status().ToString();
+  EXPECT_THAT(*steps, ElementsAre(2, 3));
+}
+
+TEST_F(CheckpointStateTest, CommittedStepsFallBackToTheDirectoryWhenTheStateFileIsBroken) {
+  for (int step : {1, 2, 3}) MakeCheckpointDir(Name(step), "complete 0");
+  MakeCheckpointDir(Name(4), "torn");
+  for (const std::string& text : {std::string(), std::string("garbage\n"),
+                                  "model_checkpoint_path: \"" + Name(4) + "\"\n",     // incomplete
+                                  "model_checkpoint_path: \"" + Name(9) + "\"\n"}) {  // missing
+    SCOPED_TRACE(text);
+    WriteText("checkpoint", text);
+    Result<std::vector<int64_t>> steps =
+        ListCommittedSteps(*posix_, dir_, kBasename, "checkpoint", ContentValidator());
+    ASSERT_TRUE(steps.ok()) << steps.status().ToString();
+    EXPECT_THAT(*steps, ElementsAre(1, 2, 3));
+  }
+  fs::remove(Path("checkpoint"));
+  EXPECT_THAT(
+      ListCommittedSteps(*posix_, dir_, kBasename, "checkpoint", ContentValidator()).value(),
+      ElementsAre(1, 2, 3));
+  EXPECT_TRUE(
+      ListCommittedSteps(*posix_, dir_ + "/none", kBasename, "checkpoint", {}).value().empty());
+}
+
+// ---- pairing ------------------------------------------------------------------------------------
+
+constexpr char kInputBasename[] = "input.ckpt";
+
+std::string InputName(int step) { return std::string(kInputBasename) + "-" + std::to_string(step); }
+
+class PairedRetentionTest : public CheckpointStateTest {
+ protected:
+  void MakeManagers(int max_to_keep) {
+    model_ = std::make_unique<CheckpointManager>(
+        faulty_.get(),
+        CheckpointManagerOptions{.checkpoint_dir = dir_,
+                                 .basename = kBasename,
+                                 .max_to_keep = max_to_keep,
+                                 .partner = {kInputBasename, "checkpoint_input"}},
+        [] { return 0.0; });
+    input_ = std::make_unique<CheckpointManager>(
+        faulty_.get(),
+        CheckpointManagerOptions{.checkpoint_dir = dir_,
+                                 .basename = kInputBasename,
+                                 .state_file_name = "checkpoint_input",
+                                 .max_to_keep = max_to_keep,
+                                 .partner = {kBasename, "checkpoint"}},
+        [] { return 0.0; });
+  }
+  void CommitModel(int step) { Commit(*model_, step, step); }
+  void CommitInput(int step) {
+    MakeCheckpointDir(InputName(step));
+    const Status status = input_->RecordCommitted(InputName(step), step);
+    ASSERT_TRUE(status.ok()) << status.ToString();
+  }
+  std::set<int> OnDisk(const std::string& basename) const {
+    std::set<int> steps;
+    for (const std::string& name : Entries()) {
+      if (auto step = CheckpointStep(name, basename)) steps.insert(static_cast<int>(*step));
+    }
+    return steps;
+  }
+  std::set<int> Pairs() const {
+    std::set<int> pairs;
+    const std::set<int> input = OnDisk(kInputBasename);
+    for (int step : OnDisk(kBasename)) {
+      if (input.contains(step)) pairs.insert(step);
+    }
+    return pairs;
+  }
+
+  std::unique_ptr<CheckpointManager> model_;
+  std::unique_ptr<CheckpointManager> input_;
+};
+
+// Finding 6b: with on_error=continue on a full disk the input checkpoints kept committing, and
+// retention deleted the input partners of the only good model checkpoints.
+TEST_F(PairedRetentionTest, KeepsInputPartnersWhileTheModelFails) {
+  MakeManagers(2);
+  for (int step = 1; step <= 3; ++step) {
+    CommitModel(step);
+    CommitInput(step);
+  }
+  // The model committed 3 before the input did, so it still holds 1 (its pass saw no input 3).
+  ASSERT_EQ(OnDisk(kBasename), (std::set<int>{1, 2, 3}));
+  for (int step = 4; step <= 12; ++step) CommitInput(step);  // the model's saves fail
+  EXPECT_EQ(OnDisk(kInputBasename), (std::set<int>{2, 3, 11, 12}));
+  EXPECT_EQ(input_->retained().size(), 4u);
+  EXPECT_EQ(Pairs(), (std::set<int>{2, 3}));
+  // Once the model saves again, the old pairs go.
+  for (int step = 13; step <= 15; ++step) {
+    CommitModel(step);
+    CommitInput(step);
+  }
+  EXPECT_EQ(OnDisk(kBasename), (std::set<int>{13, 14, 15}));
+  EXPECT_EQ(OnDisk(kInputBasename), (std::set<int>{14, 15}));
+}
+
+TEST_F(PairedRetentionTest, KeepsModelPartnersWhileTheInputFails) {
+  MakeManagers(2);
+  for (int step = 1; step <= 3; ++step) {
+    CommitInput(step);
+    CommitModel(step);
+  }
+  for (int step = 4; step <= 12; ++step) CommitModel(step);
+  EXPECT_EQ(OnDisk(kBasename), (std::set<int>{2, 3, 11, 12}));
+  EXPECT_EQ(OnDisk(kInputBasename), (std::set<int>{1, 2, 3}));
+  EXPECT_EQ(Pairs(), (std::set<int>{2, 3}));
+}
+
+TEST_F(PairedRetentionTest, StaysAtMaxToKeepWhenBothSidesSaveTheSameSteps) {
+  MakeManagers(3);
+  for (int step = 1; step <= 20; ++step) {
+    CommitModel(step);
+    EXPECT_LE(model_->retained().size(), 4u) << step;
+    CommitInput(step);
+    EXPECT_LE(input_->retained().size(), 3u) << step;
+  }
+  EXPECT_EQ(OnDisk(kInputBasename), (std::set<int>{18, 19, 20}));
+  EXPECT_EQ(OnDisk(kBasename), (std::set<int>{17, 18, 19, 20}));
+}
+
+TEST_F(PairedRetentionTest, NeverLosesTheNewestPairAndStaysBoundedUnderAnyFailurePattern) {
+  constexpr int kKeep = 2;
+  MakeManagers(kKeep);
+  uint64_t seed = 12345;
+  const auto next = [&seed] {
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<uint32_t>(seed >> 33);
+  };
+  int newest_pair = -1;
+  for (int step = 0; step < 300; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const uint32_t r = next();
+    const bool model_ok = (r % 10) < 7;  // each side fails 30% of the time
+    const bool input_ok = ((r >> 8) % 10) < 7;
+    const bool model_first = (r >> 16) & 1;
+    if (model_first && model_ok) CommitModel(step);
+    if (input_ok) CommitInput(step);
+    if (!model_first && model_ok) CommitModel(step);
+    EXPECT_LE(model_->retained().size(), static_cast<size_t>(2 * kKeep));
+    EXPECT_LE(input_->retained().size(), static_cast<size_t>(2 * kKeep));
+    const std::set<int> pairs = Pairs();
+    if (newest_pair >= 0) {
+      ASSERT_FALSE(pairs.empty());
+      EXPECT_GE(*pairs.rbegin(), newest_pair);
+    }
+    if (!pairs.empty()) newest_pair = *pairs.rbegin();
+  }
+  EXPECT_GT(newest_pair, 250);
+}
+
+// The input commits the step the model committed one save before, at the same moment as the
+// model commits the next: each pass reads the other's state file just as the other rewrites
+// it. Unserialized, the model could drop the step the input is pairing while the input drops
+// the old pair the model keeps, leaving no complete pair at all.
+TEST_F(PairedRetentionTest, ConcurrentPassesNeverLoseTheNewestPair) {
+  MakeManagers(1);
+  CommitModel(0);
+  CommitInput(0);
+  CommitModel(1);
+  int newest_pair = 0;
+  for (int round = 1; round <= 100; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    MakeCheckpointDir(Name(round + 1));
+    MakeCheckpointDir(InputName(round));
+    std::atomic<int> ready{0};
+    auto commit = [&](CheckpointManager& manager, const std::string& name, int step) {
+      ready.fetch_add(1);
+      while (ready.load() < 2) {
+      }
+      EXPECT_TRUE(manager.RecordCommitted(name, step).ok());
+    };
+    std::thread model(commit, std::ref(*model_), Name(round + 1), round + 1);
+    std::thread input(commit, std::ref(*input_), InputName(round), round);
+    model.join();
+    input.join();
+    const std::set<int> pairs = Pairs();
+    ASSERT_FALSE(pairs.empty());
+    EXPECT_GE(*pairs.rbegin(), newest_pair);
+    newest_pair = *pairs.rbegin();
+  }
+}
+
+TEST_F(PairedRetentionTest, StartRelistsAnUnlistedPartnerInsteadOfRemovingIt) {
+  MakeManagers(2);
+  for (int step = 1; step <= 3; ++step) {
+    CommitModel(step);
+    CommitInput(step);
+  }
+  for (int step = 4; step <= 6; ++step) CommitInput(step);
+  fs::remove(Path("checkpoint_input"));  // lost: the input side rebuilds from the directory
+  ASSERT_EQ(OnDisk(kInputBasename), (std::set<int>{2, 3, 5, 6}));
+  MakeManagers(2);
+  Result<StartupReport> report = input_->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(input_->retained(),
+              ElementsAre(InputName(2), InputName(3), InputName(5), InputName(6)));
+  EXPECT_TRUE(report->removed.empty());
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "asyncckpt/session.h"
 #include "asyncckpt/state.h"
 #include "io/fault_injection_file_system.h"
+#include "src/format/writer.h"
 #include "src/saver/saver_common.h"
 #include "src/state/checkpoint_state.h"
 #include "src/util/log.h"
@@ -604,13 +605,30 @@ TEST_F(InputPipelineTest, BackgroundSaveFailureStopsTheLoopAndEndReturnsIt) {
 }
 
 TEST_F(InputPipelineTest, NewestCompleteStepPicksTheNewestStepBothHave) {
-  ASSERT_TRUE(fs::create_directories(dir_));
   auto posix = io::NewPosixFileSystem();
+  auto reset = [&] {
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+    ASSERT_TRUE(fs::create_directories(dir_));
+  };
+  // A complete checkpoint: the state files must name what is on disk.
+  const int64_t value = 42;
+  auto make_checkpoint = [&](const std::string& name) {
+    const std::string path = dir_ + "/" + name;
+    if (fs::exists(path)) return;
+    ASSERT_TRUE(fs::create_directory(path));
+    const format::HostTensor tensor{"v", DType::kI64, {1}, &value, sizeof(value)};
+    format::WriterOptions options;
+    options.num_data_files = 1;
+    auto written = format::WriteCheckpointFiles(*posix, path, {&tensor, 1}, {0, 0, {}}, options);
+    ASSERT_TRUE(written.ok()) << written.status().ToString();
+  };
   auto write = [&](const std::string& file, const std::string& basename,
                    std::vector<int64_t> steps) {
     CheckpointState state;
     for (int64_t step : steps) {
       state.all_model_checkpoint_paths.push_back(basename + "-" + std::to_string(step));
+      make_checkpoint(state.all_model_checkpoint_paths.back());
     }
     if (!steps.empty()) state.model_checkpoint_path = state.all_model_checkpoint_paths.back();
     ASSERT_TRUE(WriteCheckpointState(*posix, dir_, state, file).ok());
@@ -621,6 +639,7 @@ TEST_F(InputPipelineTest, NewestCompleteStepPicksTheNewestStepBothHave) {
     return step.ok() ? *step : std::optional<int64_t>(-999);
   };
 
+  reset();
   EXPECT_EQ(newest(), std::nullopt) << "no state files: a fresh job";
   write("checkpoint", "model.ckpt", {5, 10, 15});
   EXPECT_EQ(newest(), std::nullopt) << "no input checkpoints";
@@ -628,12 +647,12 @@ TEST_F(InputPipelineTest, NewestCompleteStepPicksTheNewestStepBothHave) {
   EXPECT_EQ(newest(), 10);
   write("checkpoint_input", "input.ckpt", {0, 5, 10, 15, 20});
   EXPECT_EQ(newest(), 15);
+  reset();
+  write("checkpoint", "model.ckpt", {5, 10, 15});
   write("checkpoint_input", "input.ckpt", {20, 25});
   EXPECT_EQ(newest(), std::nullopt) << "no step in common";
-  write("checkpoint_input", "input.ckpt", {7});
-  write("checkpoint", "model.ckpt", {});
-  EXPECT_EQ(newest(), std::nullopt) << "no model checkpoints";
   // Another basename's entries do not count.
+  reset();
   write("checkpoint", "model.ckpt", {5, 10});
   write("checkpoint_input", "other.ckpt", {5, 10});
   EXPECT_EQ(newest(), std::nullopt);
@@ -642,16 +661,19 @@ TEST_F(InputPipelineTest, NewestCompleteStepPicksTheNewestStepBothHave) {
   EXPECT_EQ(newest("input_worker_1.ckpt"), 5);
   // A step no int64 holds names no checkpoint of this job; it must not throw.
   {
+    make_checkpoint("input.ckpt-5");
     CheckpointState state;
     state.all_model_checkpoint_paths = {"input.ckpt-99999999999999999999", "input.ckpt-5"};
     state.model_checkpoint_path = "input.ckpt-5";
     ASSERT_TRUE(WriteCheckpointState(*posix, dir_, state, "checkpoint_input").ok());
   }
   EXPECT_EQ(newest(), 5);
-  // A state file that does not parse is an error, not a fresh job.
+  // A state file that does not parse falls back to the complete checkpoints on disk (issue 8,
+  // finding 6a: it used to be an error, and the resume started afresh).
   WriteFile(dir_ + "/checkpoint_input", "this is not a state file\n");
-  auto broken = NewestCompleteStep(dir_, "model.ckpt", "input.ckpt");
-  EXPECT_EQ(broken.status().code(), StatusCode::kCorruption) << broken.status().ToString();
+  EXPECT_EQ(newest(), 5);
+  fs::remove_all(dir_ + "/input.ckpt-5");
+  EXPECT_EQ(newest(), std::nullopt);
 }
 
 TEST_F(InputPipelineTest, CreateRejectsBadOptionsNamingThem) {

@@ -1,0 +1,374 @@
+// SaverStorage::Start (start-up recovery and garbage collection with the real validator),
+// ValidateCheckpointDirectory, CommittedCheckpointSteps and NewestCompleteStep, on real
+// checkpoints written by the format's writer.
+
+#include "src/saver/saver_common.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "asyncckpt/input_pipeline.h"
+#include "asyncckpt/saver_hook.h"
+#include "asyncckpt/session.h"
+#include "asyncckpt/state.h"
+#include "io/fault_injection_file_system.h"
+#include "src/codec/codec.h"
+#include "src/format/format.h"
+#include "src/format/writer.h"
+#include "tests/support/files.h"
+
+namespace asyncckpt {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing_support::ReadFileBytes;
+using testing_support::WriteFile;
+
+constexpr char kModel[] = "model.ckpt";
+constexpr char kInput[] = "input.ckpt";
+
+std::string Name(const std::string& basename, int step) {
+  return basename + "-" + std::to_string(step);
+}
+std::string Name(int step) { return Name(kModel, step); }
+
+class SaverStorageTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::path(::testing::TempDir()) / "saver_storage_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    posix_ = io::NewPosixFileSystem();
+    values_.resize(4096);
+    for (size_t i = 0; i < values_.size(); ++i) values_[i] = static_cast<float>(i);
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(dir_, ignored);
+  }
+
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+
+  // A complete checkpoint "<basename>-<step>" with two data files, committed at `wall_time`.
+  void WriteCheckpoint(int step, double wall_time = 0, const std::string& basename = kModel) {
+    const std::string path = Path(Name(basename, step));
+    ASSERT_TRUE(fs::create_directory(path));
+    const format::HostTensor tensor{
+        "w", DType::kF32, {4096}, values_.data(), values_.size() * sizeof(float)};
+    format::WriterOptions options;
+    options.chunk_bytes = 4096;
+    options.num_data_files = 2;
+    options.compression.kind = CompressionKind::kNone;
+    const CheckpointMetadata metadata{step, wall_time, {}};
+    auto written = format::WriteCheckpointFiles(*posix_, path, {&tensor, 1}, metadata, options);
+    ASSERT_TRUE(written.ok()) << written.status().ToString();
+  }
+
+  void WriteState(const std::vector<int>& steps, const std::string& basename = kModel,
+                  const std::string& state_file = kCheckpointStateFileName) {
+    CheckpointState state;
+    for (int step : steps) {
+      state.all_model_checkpoint_paths.push_back(Name(basename, step));
+      state.all_model_checkpoint_timestamps.push_back(step);
+    }
+    if (!steps.empty()) state.model_checkpoint_path = state.all_model_checkpoint_paths.back();
+    ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state, state_file).ok());
+  }
+
+  SaverOptions Options(int max_to_keep, io::FileSystem* file_system = nullptr) {
+    SaverOptions options;
+    options.checkpoint_dir = dir_;
+    options.save_steps = 1;
+    options.max_to_keep = max_to_keep;
+    options.chunk_bytes = 4096;
+    options.file_system = file_system != nullptr ? file_system : posix_.get();
+    return options;
+  }
+
+  // Entries named exactly like a checkpoint of `basename`.
+  std::set<std::string> CommittedLooking(const std::string& basename = kModel) const {
+    std::set<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir_)) {
+      const std::string name = entry.path().filename();
+      if (CheckpointStep(name, basename)) names.insert(name);
+    }
+    return names;
+  }
+
+  std::string dir_;
+  std::unique_ptr<io::FileSystem> posix_;
+  std::vector<float> values_;
+};
+
+// ---- the validator ------------------------------------------------------------------------------
+
+TEST_F(SaverStorageTest, ValidatorAcceptsACompleteCheckpointWithItsWallTime) {
+  WriteCheckpoint(3, 1234.5);
+  Result<ValidCheckpoint> valid = ValidateCheckpointDirectory(*posix_, Path(Name(3)));
+  ASSERT_TRUE(valid.ok()) << valid.status().ToString();
+  EXPECT_EQ(valid->wall_time, 1234.5);
+}
+
+TEST_F(SaverStorageTest, ValidatorRejectsEachKindOfIncompleteCheckpoint) {
+  fs::create_directory(Path(Name(1)));  // empty
+  WriteCheckpoint(2);
+  fs::remove(Path(Name(2) + "/" + format::DataFileName(1, 2)));  // index and one data file
+  WriteCheckpoint(3);
+  fs::resize_file(Path(Name(3) + "/" + format::DataFileName(0, 2)), 100);  // cut short
+  WriteCheckpoint(4);
+  fs::resize_file(Path(Name(4) + "/index"), 30);  // torn index
+  WriteCheckpoint(5);
+  fs::remove(Path(Name(5) + "/index"));
+  fs::create_directory(Path(Name(5) + "/index"));  // not a file
+  for (int step = 1; step <= 5; ++step) {
+    SCOPED_TRACE(step);
+    const Status status = ValidateCheckpointDirectory(*posix_, Path(Name(step))).status();
+    EXPECT_TRUE(status.code() == StatusCode::kNotFound || status.code() == StatusCode::kCorruption)
+        << status.ToString();
+    EXPECT_THAT(status.message(), HasSubstr(Path(Name(step))));
+  }
+}
+
+TEST_F(SaverStorageTest, ValidatorNeverOpensAFifoNorAllocatesAnOversizedIndex) {
+  fs::create_directory(Path(Name(1)));
+  ASSERT_EQ(::mkfifo(Path(Name(1) + "/index").c_str(), 0600), 0);
+  const Status fifo = ValidateCheckpointDirectory(*posix_, Path(Name(1))).status();
+  EXPECT_EQ(fifo.code(), StatusCode::kCorruption) << fifo.ToString();
+  EXPECT_THAT(fifo.message(), HasSubstr("not a regular file"));
+
+  fs::create_directory(Path(Name(2)));
+  WriteFile(Path(Name(2) + "/index"), "");
+  fs::resize_file(Path(Name(2) + "/index"), format::kMaxIndexBytes + 1);  // sparse
+  const Status huge = ValidateCheckpointDirectory(*posix_, Path(Name(2))).status();
+  EXPECT_EQ(huge.code(), StatusCode::kCorruption) << huge.ToString();
+  EXPECT_THAT(huge.message(), HasSubstr("at most"));
+}
+
+TEST_F(SaverStorageTest, IndexOfAnotherFormatVersionIsNeverTakenForDebris) {
+  WriteCheckpoint(1);
+  std::vector<uint8_t> index = ReadFileBytes(Path(Name(1) + "/index"));
+  ASSERT_GT(index.size(), 40u);
+  index[8] = 2;  // version 2, checksum made right again
+  const size_t checksum_at = index.size() - 16;
+  const uint64_t checksum = codec::Checksum({index.data(), checksum_at});
+  std::memcpy(index.data() + checksum_at, &checksum, sizeof(checksum));
+  WriteFile(Path(Name(1) + "/index"), index);
+  const Status status = ValidateCheckpointDirectory(*posix_, Path(Name(1))).status();
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.ToString();
+
+  WriteCheckpoint(5);
+  WriteCheckpoint(6);
+  WriteState({5, 6});
+  SaverStorage storage;
+  ASSERT_TRUE(storage.Start(Options(2)).ok());
+  EXPECT_TRUE(fs::exists(Path(Name(1) + "/index"))) << "older, unlisted, but not provably debris";
+}
+
+// ---- start-up -----------------------------------------------------------------------------------
+
+// Finding 1 and 7: debris under committed names (half-deleted checkpoints, a committed directory
+// whose state-file update failed) was never cleaned up nor listed.
+TEST_F(SaverStorageTest, StartRemovesEachKindOfDebrisAndRelistsACommittedNewerCheckpoint) {
+  fs::create_directory(Path(Name(1)));  // empty
+  WriteCheckpoint(2);
+  fs::remove(Path(Name(2) + "/" + format::DataFileName(0, 2)));
+  fs::remove(Path(Name(2) + "/" + format::DataFileName(1, 2)));  // index only
+  WriteCheckpoint(3);
+  fs::resize_file(Path(Name(3) + "/" + format::DataFileName(1, 2)), 10);  // partial data
+  WriteCheckpoint(4, 4.0);  // complete, older than the listed ones
+  WriteCheckpoint(6, 6.0);
+  WriteCheckpoint(7, 7.0);
+  WriteCheckpoint(8, 8.5);  // complete, newer: its state-file update failed
+  WriteState({6, 7});
+  fs::create_directory(Path(Name(5) + ".deleting-0123456789abcdef"));
+  fs::create_directory(Path(Name(9) + ".tmp-0123456789abcdef"));
+
+  SaverStorage storage;
+  Result<std::vector<std::string>> removed = storage.Start(Options(2));
+  ASSERT_TRUE(removed.ok()) << removed.status().ToString();
+  EXPECT_THAT(*removed, ElementsAre(Name(1), Name(2), Name(3), Name(4),
+                                    Name(5) + ".deleting-0123456789abcdef",
+                                    Name(9) + ".tmp-0123456789abcdef"));
+  EXPECT_THAT(storage.manager->retained(), ElementsAre(Name(6), Name(7), Name(8)));
+  EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(6), Name(7), Name(8)}));
+  Result<CheckpointState> state = GetCheckpointState(dir_);
+  ASSERT_TRUE(state.ok()) << state.status().ToString();
+  EXPECT_THAT(state->all_model_checkpoint_timestamps, ElementsAre(6.0, 7.0, 8.5));
+}
+
+TEST_F(SaverStorageTest, KeepEveryNHoursLeavesOldCompleteCheckpointsOnDisk) {
+  WriteCheckpoint(1);  // may have been preserved
+  WriteCheckpoint(2);
+  fs::resize_file(Path(Name(2) + "/index"), 20);  // but debris is debris
+  WriteCheckpoint(6);
+  WriteCheckpoint(7);
+  WriteState({6, 7});
+  SaverOptions options = Options(2);
+  options.keep_checkpoint_every_n_hours = 1;
+  SaverStorage storage;
+  Result<std::vector<std::string>> removed = storage.Start(options);
+  ASSERT_TRUE(removed.ok()) << removed.status().ToString();
+  EXPECT_THAT(*removed, ElementsAre(Name(2)));
+  EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(1), Name(6), Name(7)}));
+  EXPECT_THAT(storage.manager->retained(), ElementsAre(Name(6), Name(7)));
+}
+
+TEST_F(SaverStorageTest, HostileIndexesAreRemovedWithoutBlocking) {
+  fs::create_directory(Path(Name(1)));
+  ASSERT_EQ(::mkfifo(Path(Name(1) + "/index").c_str(), 0600), 0);
+  fs::create_directory(Path(Name(2)));
+  WriteFile(Path(Name(2) + "/index"), "");
+  fs::resize_file(Path(Name(2) + "/index"), format::kMaxIndexBytes + 1);
+  WriteCheckpoint(3);
+  WriteState({3});
+  SaverStorage storage;
+  Result<std::vector<std::string>> removed = storage.Start(Options(2));
+  ASSERT_TRUE(removed.ok()) << removed.status().ToString();
+  EXPECT_THAT(*removed, ElementsAre(Name(1), Name(2)));
+  EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(3)}));
+}
+
+// Finding 6a: an empty, garbage or dangling state file made the resume start afresh.
+TEST_F(SaverStorageTest, BrokenStateFilesRecoverFromTheCompleteCheckpointsOnDisk) {
+  for (const std::string& text :
+       {std::string(), std::string("garbage\n"), "model_checkpoint_path: \"" + Name(999) + "\"\n",
+        "model_checkpoint_path: \"" + Name(8) + "\"\n"}) {
+    SCOPED_TRACE(text);
+    TearDown();
+    SetUp();
+    for (int step = 4; step <= 7; ++step) WriteCheckpoint(step, step);
+    WriteCheckpoint(8);
+    fs::remove(Path(Name(8) + "/" + format::DataFileName(0, 2)));  // the latest, incomplete
+    WriteFile(Path("checkpoint"), text);
+    SaverStorage storage;
+    Result<std::vector<std::string>> removed = storage.Start(Options(3));
+    ASSERT_TRUE(removed.ok()) << removed.status().ToString();
+    EXPECT_THAT(storage.manager->retained(), ElementsAre(Name(5), Name(6), Name(7)));
+    Result<std::string> latest = LatestCheckpoint(dir_);
+    ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+    EXPECT_EQ(*latest, Path(Name(7)));
+    EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(5), Name(6), Name(7)}));
+  }
+}
+
+TEST_F(SaverStorageTest, StartPairsWithTheInputCheckpointsWhenAsked) {
+  SaverOptions options = Options(1);
+  options.paired_input_basename = kInput;
+  SaverStorage storage;
+  ASSERT_TRUE(storage.Start(options).ok());
+  WriteState({1}, kInput, InputStateFileForBasename(kInput));  // only step 1 has its input
+  for (int step = 1; step <= 3; ++step) {
+    WriteCheckpoint(step);
+    ASSERT_TRUE(storage.manager->RecordCommitted(Name(step), step).ok());
+  }
+  EXPECT_THAT(storage.manager->retained(), ElementsAre(Name(1), Name(3)));
+  EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(1), Name(3)}));
+}
+
+TEST_F(SaverStorageTest, PairedInputBasenameIsValidated) {
+  SaverOptions options = Options(1);
+  options.paired_input_basename = "a/b";
+  EXPECT_THAT(ValidateSaverOptions(options).message(), HasSubstr("paired_input_basename 'a/b'"));
+  options.paired_input_basename = kModel;
+  EXPECT_THAT(ValidateSaverOptions(options).message(), HasSubstr("must differ from basename"));
+  options.paired_input_basename = kInput;
+  EXPECT_TRUE(ValidateSaverOptions(options).ok());
+  EXPECT_EQ(InputStateFileForBasename(kInput), "checkpoint_input");
+  EXPECT_EQ(InputStateFileForBasename("input_worker_1.ckpt"), "checkpoint_input_worker_1");
+}
+
+// ---- through a hook -----------------------------------------------------------------------------
+
+// Finding 7: a save whose retention could not delete an old checkpoint (EACCES) was reported as
+// failed, and the next start refused to run.
+TEST_F(SaverStorageTest, RetentionFailureIsNotASaveFailureAndTheNextStartRuns) {
+  io::FaultInjectionFileSystem injected(posix_.get());
+  injected.fail_ops_matching(kModel, EACCES, io::FaultOp::kRemove);
+  TensorRegistry registry;
+  ASSERT_TRUE(
+      registry
+          .add({"w", DType::kF32, {4096}, values_.data(), values_.size() * sizeof(float), nullptr})
+          .ok());
+  for (int run = 0; run < 2; ++run) {
+    SCOPED_TRACE("run " + std::to_string(run));
+    auto hook = CheckpointSaverHook::Create(Options(1, &injected), &registry);
+    ASSERT_TRUE(hook.ok()) << hook.status().ToString();
+    auto session = MonitoredSession::Create({hook->get()});
+    ASSERT_TRUE(session.ok()) << session.status().ToString();
+    const int64_t last = 3 * (run + 1);
+    const Status status = (*session)->run_until(last, [](StepContext&) { return Status::OK(); });
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    const SaverTotals totals = (*hook)->totals();
+    EXPECT_EQ(totals.saves_failed, 0);
+    EXPECT_GT(totals.saves_committed, 0);
+    EXPECT_GT(totals.retention_failures, 0);
+    EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(static_cast<int>(last))}));
+  }
+}
+
+// ---- committed steps for readers ----------------------------------------------------------------
+
+TEST_F(SaverStorageTest, CommittedStepsValidateWhatTheStateFileNames) {
+  for (int step = 1; step <= 3; ++step) WriteCheckpoint(step);
+  WriteState({2, 3});
+  EXPECT_THAT(CommittedCheckpointSteps(dir_, kModel).value(), ElementsAre(2, 3));
+  fs::resize_file(Path(Name(3) + "/" + format::DataFileName(0, 2)), 1);  // 3 goes bad
+  EXPECT_THAT(CommittedCheckpointSteps(dir_, kModel).value(), ElementsAre(1, 2));
+  EXPECT_TRUE(CommittedCheckpointSteps(dir_ + "/missing", kModel).value().empty());
+}
+
+// Finding 6a: NewestCompleteStep read the state files only, so an empty model state file made
+// a resume start afresh beside complete pairs.
+TEST_F(SaverStorageTest, NewestCompleteStepScansWhenAStateFileIsBroken) {
+  for (int step = 4; step <= 7; ++step) WriteCheckpoint(step);
+  for (int step = 4; step <= 6; ++step) WriteCheckpoint(step, 0, kInput);
+  WriteState({4, 5, 6}, kInput, kInputStateFileName);
+  for (const std::string& text : {std::string(), std::string("garbage\n"),
+                                  "model_checkpoint_path: \"" + Name(999) + "\"\n"}) {
+    SCOPED_TRACE(text);
+    WriteFile(Path("checkpoint"), text);
+    Result<std::optional<int64_t>> step = NewestCompleteStep(dir_, kModel, kInput);
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+    EXPECT_EQ(*step, std::optional<int64_t>(6));
+  }
+  fs::remove(Path(kInputStateFileName));
+  Result<std::optional<int64_t>> step = NewestCompleteStep(dir_, kModel, kInput);
+  ASSERT_TRUE(step.ok()) << step.status().ToString();
+  EXPECT_EQ(*step, std::optional<int64_t>(6));
+}
+
+TEST_F(SaverStorageTest, NewestCompleteStepIsNoneInAFreshDirectory) {
+  Result<std::optional<int64_t>> step = NewestCompleteStep(dir_, kModel, kInput);
+  ASSERT_TRUE(step.ok()) << step.status().ToString();
+  EXPECT_FALSE(step->has_value());
+}
+
+TEST_F(SaverStorageTest, InputHookRefusesToPairWithItself) {
+  class NoIterator : public SaveableIterator {
+    Status save(IteratorState*) override { return Status::OK(); }
+    Status restore(const IteratorState&) override { return Status::OK(); }
+  } iterator;
+  InputPipelineOptions options;
+  options.checkpoint_dir = dir_;
+  options.save_steps = 1;
+  ASSERT_EQ(options.model_basename, kModel);  // paired with the model by default
+  EXPECT_TRUE(CheckpointInputPipelineHook::Create(options, &iterator).ok());
+  options.model_basename = kInput;
+  EXPECT_THAT(CheckpointInputPipelineHook::Create(options, &iterator).status().message(),
+              HasSubstr("model_basename 'input.ckpt' must differ"));
+  options.model_basename = "";
+  EXPECT_TRUE(CheckpointInputPipelineHook::Create(options, &iterator).ok());
+}
+
+}  // namespace
+}  // namespace asyncckpt
