@@ -410,7 +410,7 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
     ASSIGN_OR_RETURN(yardstick, MemcpyYardstickHook::Create(&registry, config.saver));
     hooks.insert(hooks.begin(), yardstick.get());  // runs just before the saver
   }
-  ASSIGN_OR_RETURN(auto session, MonitoredSession::Create(hooks, summary->start_step));
+  ASSIGN_OR_RETURN(auto session, SingularMonitoredSession::Create(hooks, summary->start_step));
   std::vector<uint8_t> batch;
 
   const auto wall_start = SteadyClock::now();

@@ -106,7 +106,7 @@ class CliTest : public CliFixture {
     auto hook = CheckpointSaverHook::Create(options, &(*model)->registry());
     EXPECT_TRUE(hook.ok()) << hook.status().ToString();
     if (!hook.ok()) return nullptr;
-    auto session = MonitoredSession::Create({hook->get()});
+    auto session = SingularMonitoredSession::Create({hook->get()});
     EXPECT_TRUE(session.ok()) << session.status().ToString();
     if (!session.ok()) return nullptr;
     Status run = (*session)->run_until(8, [&](StepContext& ctx) {

@@ -178,7 +178,7 @@ class InputPipelineTest : public ::testing::Test {
   static RunLog Run(CheckpointInputPipelineHook* hook, RecordDatasetIterator* input,
                     int64_t initial_step, int64_t last_step, size_t batch_size = 8) {
     RunLog log;
-    auto session = MonitoredSession::Create({hook}, initial_step);
+    auto session = SingularMonitoredSession::Create({hook}, initial_step);
     if (!session.ok()) {
       log.status = session.status();
       return log;
@@ -352,7 +352,7 @@ TEST_F(InputPipelineTest, ExternalStatePolicyFailRefusesTheFirstSave) {
   options.external_state_policy = ExternalStatePolicy::kFail;
   auto hook = MakeHook(options, &it);
   ASSERT_NE(hook, nullptr);
-  auto session = MonitoredSession::Create({hook.get()}, 0);
+  auto session = SingularMonitoredSession::Create({hook.get()}, 0);
   ASSERT_TRUE(session.ok()) << session.status().ToString();
   bool step_ran = false;
   Status status = (*session)->run([&](StepContext&) {
@@ -374,7 +374,7 @@ TEST_F(InputPipelineTest, ExternalStatePolicyWarnLogsAndSaves) {
   options.external_state_policy = ExternalStatePolicy::kWarn;
   auto hook = MakeHook(options, &it);
   ASSERT_NE(hook, nullptr);
-  auto session = MonitoredSession::Create({hook.get()}, 0);
+  auto session = SingularMonitoredSession::Create({hook.get()}, 0);
   ASSERT_TRUE(session.ok());
   Status status = (*session)->run_until(3, [&](StepContext&) {
     it.Next();
@@ -393,7 +393,7 @@ TEST_F(InputPipelineTest, ExternalStatePolicyIgnoreSavesSilently) {
   options.external_state_policy = ExternalStatePolicy::kIgnore;
   auto hook = MakeHook(options, &it);
   ASSERT_NE(hook, nullptr);
-  auto session = MonitoredSession::Create({hook.get()}, 0);
+  auto session = SingularMonitoredSession::Create({hook.get()}, 0);
   ASSERT_TRUE(session.ok());
   Status status = (*session)->run_until(2, [&](StepContext&) {
     it.Next();
@@ -535,7 +535,7 @@ TEST_F(InputPipelineTest, IteratorWithoutAStateBoundSavesStatesLargerThanItsFirs
   FakeIterator it;
   auto hook = MakeHook(Options(1), &it);
   ASSERT_NE(hook, nullptr);
-  auto session = MonitoredSession::Create({hook.get()}, 0);
+  auto session = SingularMonitoredSession::Create({hook.get()}, 0);
   ASSERT_TRUE(session.ok());
   Status status = (*session)->run_until(4, [&](StepContext& ctx) {
     it.Next();
@@ -548,7 +548,7 @@ TEST_F(InputPipelineTest, IteratorWithoutAStateBoundSavesStatesLargerThanItsFirs
   FakeIterator restored;
   auto hook2 = MakeHook(Options(1), &restored);
   ASSERT_NE(hook2, nullptr);
-  auto session2 = MonitoredSession::Create({hook2.get()}, 3);
+  auto session2 = SingularMonitoredSession::Create({hook2.get()}, 3);
   ASSERT_TRUE(session2.ok());
   ASSERT_TRUE((*session2)->run([](StepContext&) { return Status::OK(); }).ok());
   ASSERT_TRUE((*session2)->close().ok());
@@ -562,7 +562,7 @@ TEST_F(InputPipelineTest, IteratorSaveFailureFailsTheSession) {
   it.fail_save_at(2);
   auto hook = MakeHook(Options(1), &it);
   ASSERT_NE(hook, nullptr);
-  auto session = MonitoredSession::Create({hook.get()}, 0);
+  auto session = SingularMonitoredSession::Create({hook.get()}, 0);
   ASSERT_TRUE(session.ok());
   Status status = (*session)->run_until(5, [&](StepContext&) {
     it.Next();
@@ -583,7 +583,7 @@ TEST_F(InputPipelineTest, BackgroundSaveFailureStopsTheLoopAndEndReturnsIt) {
   options.file_system = faults.get();
   auto hook = MakeHook(options, input.get());
   ASSERT_NE(hook, nullptr);
-  auto session = MonitoredSession::Create({hook.get()}, 0);
+  auto session = SingularMonitoredSession::Create({hook.get()}, 0);
   ASSERT_TRUE(session.ok());
   faults->fail_ops_matching("input.ckpt-4", EIO);
   int64_t steps = 0;

@@ -176,7 +176,7 @@ class AsyncSaverHookTest : public ::testing::Test {
   // Runs steps 1..steps; every step changes every element.
   Status Train(SessionRunHook* hook, int64_t steps) {
     SetState(0);
-    auto session = MonitoredSession::Create({hook});
+    auto session = SingularMonitoredSession::Create({hook});
     if (!session.ok()) return session.status();
     return (*session)->run_until(steps, StepFunction());
   }
@@ -327,7 +327,7 @@ TEST_F(AsyncSaverHookTest, OnBusyWaitBlocksTheTrainingThreadAndNeverDropsASave) 
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry_, {&opener, &listener});
   ASSERT_TRUE(hook.ok());
   SetState(0);
-  auto session = MonitoredSession::Create({hook->get()});  // saves step 0; its writes are held
+  auto session = SingularMonitoredSession::Create({hook->get()});  // saves step 0; its writes are held
   ASSERT_TRUE(session.ok());
   Status status = (*session)->run_until(4, [&](StepContext& ctx) {
     // Step 1's after_run waited for the gate, so the step after it sees it open.
@@ -356,7 +356,7 @@ TEST_F(AsyncSaverHookTest, OnBusySkipSkipsAndRetriesAtTheNextTrigger) {
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry_, {&listener});
   ASSERT_TRUE(hook.ok());
   SetState(0);
-  auto session = MonitoredSession::Create({hook->get()});  // saves step 0; its writes are held
+  auto session = SingularMonitoredSession::Create({hook->get()});  // saves step 0; its writes are held
   ASSERT_TRUE(session.ok());
   gate()->WaitForWaiting(1);
   ASSERT_TRUE((*session)->run(StepFunction()).ok());  // step 1: staging busy, skipped
@@ -385,7 +385,7 @@ TEST_F(AsyncSaverHookTest, EndSavesTheLastStepWhenItsSaveWasSkipped) {
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry_, {&listener});
   ASSERT_TRUE(hook.ok());
   SetState(0);
-  auto session = MonitoredSession::Create({hook->get()});
+  auto session = SingularMonitoredSession::Create({hook->get()});
   ASSERT_TRUE(session.ok());
   gate()->WaitForWaiting(1);
   ASSERT_TRUE((*session)->run(StepFunction()).ok());  // step 1: skipped
@@ -424,7 +424,7 @@ TEST_P(AsyncSaverHookFaultTest, FailedSaveReachesListenerAndLoopAndLeavesEarlier
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry_, {&listener});
   ASSERT_TRUE(hook.ok());
   SetState(0);
-  auto session = MonitoredSession::Create({hook->get()});
+  auto session = SingularMonitoredSession::Create({hook->get()});
   ASSERT_TRUE(session.ok());
   ASSERT_NE(faulty, nullptr);
   listener.WaitForSaves(1);
@@ -505,7 +505,7 @@ TEST_F(AsyncSaverHookTest, ExceptionFromTheFileSystemBecomesTheSaveFailure) {
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry_, {&listener});
   ASSERT_TRUE(hook.ok());
   SetState(0);
-  auto session = MonitoredSession::Create({hook->get()});
+  auto session = SingularMonitoredSession::Create({hook->get()});
   ASSERT_TRUE(session.ok());
   listener.WaitForSaves(1);
   thrower->armed = true;
@@ -556,7 +556,7 @@ TEST_F(AsyncSaverHookTest, ExceptionFromADeviceCopyBecomesTheSaveFailure) {
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry, {&listener});
   ASSERT_TRUE(hook.ok());
   SetState(0);
-  auto session = MonitoredSession::Create({hook->get()});
+  auto session = SingularMonitoredSession::Create({hook->get()});
   ASSERT_TRUE(session.ok());
   device->mode = FlakyDevice::Mode::kThrow;
   ASSERT_TRUE((*session)->run(StepFunction()).ok());  // step 1: the copy throws
@@ -629,7 +629,7 @@ TEST_F(AsyncSaverHookTest, ListenerReturningTrueStopsTheLoop) {
   auto hook = AsyncCheckpointSaverHook::Create(Options(3), &registry_, {&listener});
   ASSERT_TRUE(hook.ok());
   SetState(0);
-  auto session = MonitoredSession::Create({hook->get()});
+  auto session = SingularMonitoredSession::Create({hook->get()});
   ASSERT_TRUE(session.ok());
   auto* raw_hook = hook->get();
   // Step 4 waits until the save of step 3 is done, so its after_run must see the request.
@@ -703,7 +703,7 @@ class AllDTypesState {
   // Runs steps 1..steps under `hook`, from the state at step 0; every step sets its own state.
   Status Train(SessionRunHook* hook, int64_t steps) {
     Set(0);
-    auto session = MonitoredSession::Create({hook});
+    auto session = SingularMonitoredSession::Create({hook});
     if (!session.ok()) return session.status();
     return (*session)->run_until(steps, [this](StepContext& ctx) {
       Set(ctx.step());

@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
   options.save_steps = 1000;  // one save: the one at the start of the session
   auto hook = asyncckpt::CheckpointSaverHook::Create(options, &registry);
   if (!hook.ok()) return Fail("creating the saver hook", hook.status());
-  auto session = asyncckpt::MonitoredSession::Create({hook->get()});
+  auto session = asyncckpt::SingularMonitoredSession::Create({hook->get()});
   if (!session.ok()) return Fail("creating the session", session.status());
   asyncckpt::Status closed = (*session)->close();
   if (!closed.ok()) return Fail("closing the session", closed);
