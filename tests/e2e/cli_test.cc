@@ -157,6 +157,9 @@ TEST_F(CliTest, BadFlagValueIsOneLineNamingTheFlagAndTheValue) {
       {"step_ms", "fast", "fast"},
       {"o_direct", "perhaps", "true or false"},
       {"memcpy_yardstick", "on", "on"},
+      {"preempt_at_steps", "3,x", "'x' in '3,x'"},
+      {"preempt_at_steps", "0", "steps >= 1"},
+      {"preempt_at_steps", "5,,6", "'5,,6'"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE("--" + c.flag + " " + c.value);
