@@ -30,7 +30,10 @@ struct CheckpointSessionCreatorOptions {
   std::string input_basename;
   /// Start from step 0 when `checkpoint_dir` holds checkpoints past step 0 but none to resume
   /// (no model checkpoint with an input partner, or none listed). Off (the default): that is
-  /// FailedPrecondition naming what was found, since a fresh start would train over them.
+  /// FailedPrecondition naming what was found, since a fresh start would train over them. On,
+  /// a pre-emption before this job's saves have replaced them may restore one of them. Not
+  /// needed for a re-creation while every session so far started afresh: what is found then
+  /// is this job's own, its model saves still in flight.
   bool allow_fresh_start = false;
   /// Puts the registry's tensors back to their initial values when there is no checkpoint to
   /// restore (TensorFlow's Scaffold init_fn). Null: the registry is taken to hold the initial

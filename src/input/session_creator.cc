@@ -82,12 +82,22 @@ class CheckpointSessionCreator::Impl {
   }
 
   Result<int64_t> CreateSession() {
-    const bool first = !created_before_;
-    created_before_ = true;
+    const bool first = sessions_ == 0;
+    ++sessions_;
     restored_from_.clear();
     ASSIGN_OR_RETURN(std::optional<int64_t> step, StepToResume());
-    if (step) return Restore(*step);
-    ASSIGN_OR_RETURN(int64_t fresh, StartFresh());
+    if (step) {
+      ++restores_;
+      return Restore(*step);
+    }
+    if (restores_ == 0 && !first) {
+      // Every session so far started afresh, so what is there past step 0 is this job's own,
+      // and its model saves are still in flight: start again, nothing to train over.
+      LogLine("no step of " + options_.checkpoint_dir +
+              " has both checkpoints committed yet; the session starts again from step 0");
+    } else {
+      RETURN_IF_ERROR(StartFresh());
+    }
     if (options_.init_fn) {
       RETURN_IF_ERROR(options_.init_fn().WithContext("initialising the state (init_fn)"));
     } else if (!first) {
@@ -96,7 +106,7 @@ class CheckpointSessionCreator::Impl {
           " has no checkpoint to restore the re-created session from, and without an init_fn "
           "the state cannot go back to step 0");
     }
-    return fresh;
+    return int64_t{0};
   }
 
   const std::string& restored_from() const { return restored_from_; }
@@ -150,8 +160,9 @@ class CheckpointSessionCreator::Impl {
     return step;
   }
 
-  // No step to resume: step 0, unless that would train over checkpoints past it.
-  Result<int64_t> StartFresh() {
+  // No step to resume: OK to start from step 0, unless that would train over checkpoints past
+  // it.
+  Status StartFresh() {
     ASSIGN_OR_RETURN(Found found, Survey());
     if (found.past_step_zero()) {
       const std::string what =
@@ -167,7 +178,7 @@ class CheckpointSessionCreator::Impl {
       LogLine("starting from step 0: " + options_.checkpoint_dir + " holds only " +
               DescribeFound(found) + ", no training past the initial state");
     }
-    return int64_t{0};
+    return Status::OK();
   }
 
   std::string WhatIsMissing() const {
@@ -215,7 +226,8 @@ class CheckpointSessionCreator::Impl {
   io::FileSystem* fs_ = nullptr;
   std::unique_ptr<io::FileSystem> owned_fs_;
   std::string restored_from_;
-  bool created_before_ = false;
+  int64_t sessions_ = 0;  // create_session() calls so far
+  int64_t restores_ = 0;  // of which restored a checkpoint
 };
 
 Result<std::unique_ptr<CheckpointSessionCreator>> CheckpointSessionCreator::Create(

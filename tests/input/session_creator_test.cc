@@ -376,6 +376,41 @@ TEST_F(SessionCreatorTest, ARecreationWithNothingToRestoreNeedsAnInitFn) {
   EXPECT_NE(again.status().message().find("init_fn"), std::string::npos);
 }
 
+TEST_F(SessionCreatorTest, ARecreationAfterFreshStartsStartsAgainBesideTheJobsOwnCheckpoints) {
+  auto creator = MakeCreator(Options());
+  ASSERT_NE(creator, nullptr);
+  auto first = creator->create_session();
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  // The job's input saves committed; its model saves are still in flight when it is
+  // pre-empted.
+  SaveInput(8, 4);
+  SetState(5);
+  auto again = creator->create_session();
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, 0);
+  EXPECT_EQ(inits_, 2);
+  EXPECT_TRUE(HoldsState(0));
+}
+
+TEST_F(SessionCreatorTest, ARecreationAfterARestoreThatFindsNoPairFailsLoudly) {
+  SaveModel({0, 4});
+  SaveInput(4, 4);
+  auto creator = MakeCreator(Options());
+  ASSERT_NE(creator, nullptr);
+  auto first = creator->create_session();
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  ASSERT_EQ(*first, 4);
+  // Someone removed the model's checkpoints while the job ran.
+  fs::remove_all(dir_ + "/model.ckpt-0");
+  fs::remove_all(dir_ + "/model.ckpt-4");
+  fs::remove(dir_ + "/checkpoint");
+  auto again = creator->create_session();
+  ASSERT_FALSE(again.ok()) << "started at step " << *again;
+  EXPECT_EQ(again.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(again.status().message().find("input.ckpt-4"), std::string::npos)
+      << again.status().ToString();
+}
+
 TEST_F(SessionCreatorTest, AFailingInitFnFailsTheSessionCreation) {
   CheckpointSessionCreatorOptions options = Options();
   options.init_fn = [] { return Status::Internal("no device memory"); };
