@@ -124,23 +124,21 @@ Status CheckRange(const char* flag, int64_t value, int64_t low, int64_t high) {
 // "37,81" -> {37, 81}; InvalidArgument quoting the flag's value for anything but steps >= 1.
 Result<std::set<int64_t>> ParseSteps(const char* flag, const std::string& text) {
   std::set<int64_t> steps;
-  size_t begin = 0;
-  while (begin <= text.size() && !text.empty()) {
-    size_t end = text.find(',', begin);
-    if (end == std::string::npos) end = text.size();
+  if (text.empty()) return steps;
+  for (size_t begin = 0;;) {
+    const size_t end = std::min(text.find(',', begin), text.size());
     const std::string_view item(text.data() + begin, end - begin);
     int64_t step = 0;
     auto [last, error] = std::from_chars(item.data(), item.data() + item.size(), step);
     if (item.empty() || error != std::errc() || last != item.data() + item.size() || step < 1) {
-      return Status::InvalidArgument("--" + std::string(flag) +
-                                     " takes steps >= 1 separated by "
-                                     "commas; '" +
-                                     std::string(item) + "' in '" + text + "' is not one");
+      const std::string why = " takes steps >= 1 separated by commas; '" + std::string(item) +
+                              "' in '" + text + "' is not one";
+      return Status::InvalidArgument("--" + std::string(flag) + why);
     }
     steps.insert(step);
+    if (end == text.size()) return steps;
     begin = end + 1;
   }
-  return steps;
 }
 
 Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
