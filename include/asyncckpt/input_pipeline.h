@@ -127,6 +127,12 @@ struct InputPipelineOptions {
   /// Where every file goes (borrowed; must outlive the hook); null: the default backend, as
   /// SaverOptions::file_system.
   io::FileSystem* file_system = nullptr;
+  /// When the session's starting step S > 0 has no input checkpoint `<basename>-S`: false (the
+  /// default) fails the first before_run with FailedPrecondition naming the step and the
+  /// directory; true restores the latest input checkpoint instead (saving the initial state when
+  /// there is none), as TensorFlow does, which may pair the model of step S with the input
+  /// position of another step.
+  bool restore_latest_when_step_missing = false;
   /// Time source for save_secs and retention.
   Clock clock = SystemClockSeconds;
 };
@@ -141,9 +147,11 @@ std::string InputStateFileName(const InputPipelineOptions& options);
 
 /// Saves and restores a SaveableIterator beside the model's checkpoints (basename
 /// InputCheckpointBasename, state file InputStateFileName), with TensorFlow's
-/// CheckpointInputPipelineHook semantics: on the first before_run it restores the input
-/// checkpoint of the session's starting step (else the latest one, saying so) if there is one,
-/// and otherwise saves the initial state; then it saves on its own schedule and at end().
+/// CheckpointInputPipelineHook semantics: on the first before_run after each
+/// after_create_session (a new session, or one re-created after a pre-emption) it restores the
+/// input checkpoint of exactly the session's starting step; without one it saves the initial
+/// state at step 0, and fails with FailedPrecondition at a later step (unless
+/// restore_latest_when_step_missing). Then it saves on its own schedule and at end().
 /// Each input checkpoint records the model step it belongs to. Saves go through the
 /// asynchronous engine; a failed save requests a stop and end() returns it. The iterator is
 /// borrowed and must outlive the hook.
@@ -160,7 +168,8 @@ class CheckpointInputPipelineHook : public SessionRunHook {
   Status after_run(RunContext& context, const RunValues& values) override;
   Status end(int64_t global_step) override;
 
-  /// The checkpoint restored at the first before_run, or empty when it saved the initial state.
+  /// The checkpoint restored at the first before_run of the latest session, or empty when it
+  /// saved the initial state.
   const std::string& restored_from() const;
   /// Input checkpoints committed so far.
   int64_t saves_committed() const;

@@ -128,7 +128,8 @@ class CheckpointSaverListener {
   /// Before a save of `step` starts.
   virtual void before_save(int64_t step) { (void)step; }
   /// After a save of `step` finished (stats.status says whether it succeeded). Returning true
-  /// asks the training loop to stop.
+  /// asks the training loop to stop, except for the save a hook makes in after_create_session
+  /// (at a session's start or re-creation), whose answer is ignored, as in TensorFlow.
   virtual bool after_save(int64_t step, const SaveStats& stats) {
     (void)step;
     (void)stats;

@@ -89,14 +89,18 @@ void AdamUpdate(T* param, T* m, T* v, size_t n, uint64_t key) {
 }
 
 template <typename T>
-xt::xarray<T> InitialArray(size_t elements, uint64_t key, bool zero) {
-  xt::xarray<T> array = xt::xarray<T>::from_shape({elements});
-  T* data = array.data();
+void FillInitial(T* data, size_t elements, uint64_t key, bool zero) {
   tbb::parallel_for(tbb::blocked_range<size_t>(0, elements, 1 << 16), [&](const auto& range) {
     for (size_t i = range.begin(); i != range.end(); ++i) {
       data[i] = Store<T>(zero ? 0.0f : Noise(key, i) * 0.1f);
     }
   });
+}
+
+template <typename T>
+xt::xarray<T> InitialArray(size_t elements, uint64_t key, bool zero) {
+  xt::xarray<T> array = xt::xarray<T>::from_shape({elements});
+  FillInitial(array.data(), elements, key, zero);
   return array;
 }
 
@@ -177,6 +181,20 @@ Status SimModel::Build() {
     }
   }
   return Status::OK();
+}
+
+void SimModel::Reset() {
+  const bool adam = config_.optimizer == Optimizer::kAdam;
+  auto fill = [](Array& array, uint64_t key, bool zero) {
+    std::visit([&](auto& a) { FillInitial(a.data(), a.size(), key, zero); }, array);
+  };
+  for (size_t t = 0; t < slots_.size(); ++t) {
+    fill(arrays_[slots_[t].param], Mix(config_.seed, t), false);
+    if (adam) {
+      fill(arrays_[slots_[t].m], 0, true);
+      fill(arrays_[slots_[t].v], 0, true);
+    }
+  }
 }
 
 void SimModel::Step(int64_t step, uint64_t batch_mix) {

@@ -46,6 +46,9 @@ class SimModel {
 
   /// The registry naming every array (the model's state).
   const TensorRegistry& registry() const { return registry_; }
+  /// Puts every array back to its initial state (the state at step 0), in place: the
+  /// registry's buffers stay where they are.
+  void Reset();
   /// Applies one training step: every element of every array changes, as a function of the
   /// seed, the step and `batch_mix` (a digest of the step's input batch).
   void Step(int64_t step, uint64_t batch_mix);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -23,6 +25,7 @@
 #include "asyncckpt/reader.h"
 #include "asyncckpt/saver_hook.h"
 #include "asyncckpt/session.h"
+#include "asyncckpt/session_creator.h"
 #include "asyncckpt/state.h"
 #include "src/cli/commands.h"
 #include "src/cli/flags.h"
@@ -71,6 +74,14 @@ const std::vector<FlagSpec>& TrainSimFlags() {
       {"shuffle_buffer", "1024", "records in the input's shuffle buffer"},
       {"prefetch", "64", "records read ahead by the input's prefetch thread"},
       {"epochs", "-1", "passes over the dataset (-1 repeats forever); the job ends with the data"},
+      {"allow_fresh_start", "",
+       "start from step 0 when checkpoint_dir holds checkpoints but no model and input "
+       "checkpoint of one step to resume from",
+       true},
+      {"preempt_at_steps", "",
+       "testing: fail the step function with Unavailable once at each of these steps "
+       "(comma-separated), as a pre-empted accelerator would; the session recovers from the "
+       "newest checkpoint"},
       {"metrics_json", "", "write the summary as one JSON object to this file"},
       {"verify", "", "after training, verify every checkpoint the state file lists", true},
       {"quiet", "", "no progress line", true},
@@ -100,12 +111,34 @@ struct TrainSimConfig {
   uint32_t record_bytes = 0;
   size_t batch_size = 0;
   RecordDatasetOptions input;
+  bool allow_fresh_start = false;
+  std::set<int64_t> preempt_at_steps;
 };
 
 Status CheckRange(const char* flag, int64_t value, int64_t low, int64_t high) {
   if (value >= low && value <= high) return Status::OK();
   return Status::InvalidArgument("--" + std::string(flag) + " must be in [" + std::to_string(low) +
                                  ", " + std::to_string(high) + "], got " + std::to_string(value));
+}
+
+// "37,81" -> {37, 81}; InvalidArgument quoting the flag's value for anything but steps >= 1.
+Result<std::set<int64_t>> ParseSteps(const char* flag, const std::string& text) {
+  std::set<int64_t> steps;
+  if (text.empty()) return steps;
+  for (size_t begin = 0;;) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    const std::string_view item(text.data() + begin, end - begin);
+    int64_t step = 0;
+    auto [last, error] = std::from_chars(item.data(), item.data() + item.size(), step);
+    if (item.empty() || error != std::errc() || last != item.data() + item.size() || step < 1) {
+      const std::string why = " takes steps >= 1 separated by commas; '" + std::string(item) +
+                              "' in '" + text + "' is not one";
+      return Status::InvalidArgument("--" + std::string(flag) + why);
+    }
+    steps.insert(step);
+    if (end == text.size()) return steps;
+    begin = end + 1;
+  }
 }
 
 Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
@@ -203,6 +236,9 @@ Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
   config.input.shuffle_buffer = static_cast<size_t>(shuffle);
   config.input.prefetch = static_cast<size_t>(prefetch);
   config.input.seed = config.model.seed;
+  config.allow_fresh_start = flags.get_switch("allow_fresh_start");
+  ASSIGN_OR_RETURN(config.preempt_at_steps,
+                   ParseSteps("preempt_at_steps", flags.get("preempt_at_steps")));
   config.metrics_json = flags.get("metrics_json");
   config.verify = flags.get_switch("verify");
   config.quiet = flags.get_switch("quiet");
@@ -270,6 +306,7 @@ struct RunSummary {
   uint64_t input_digest = 0;
   int64_t records_consumed = 0;
   int64_t input_checkpoints = 0;
+  int64_t recoveries = 0;
 };
 
 Result<std::unique_ptr<SessionRunHook>> MakeSaverHook(const TrainSimConfig& config,
@@ -305,35 +342,24 @@ InputPipelineOptions InputOptions(const TrainSimConfig& config) {
   return options;
 }
 
-// Restores the model at the newest step that has both a model and an input checkpoint, so the
-// input resumes at exactly that step. Model checkpoints newer than that (their input checkpoint
-// was still being written when the job died) are not used: resuming from one would replay the
-// input from another position. With no complete step the job starts afresh from step 0.
-Result<int64_t> RestoreIfPresent(const TrainSimConfig& config, const TensorRegistry& registry) {
-  const std::string& dir = config.saver.checkpoint_dir;
-  auto latest = LatestCheckpoint(dir);
-  if (!latest.ok()) {
-    if (latest.status().code() == StatusCode::kNotFound) return int64_t{0};
-    return latest.status();
-  }
-  const std::string input_basename = InputCheckpointBasename(InputOptions(config));
-  ASSIGN_OR_RETURN(std::optional<int64_t> common,
-                   NewestCompleteStep(dir, config.saver.basename, input_basename));
-  if (!common) {
-    std::fprintf(stderr,
-                 "train-sim: %s has model checkpoints but none with an input checkpoint of the "
-                 "same step; starting afresh from step 0\n",
-                 dir.c_str());
-    return int64_t{0};
-  }
-  const std::string path = dir + "/" + config.saver.basename + "-" + std::to_string(*common);
-  ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(path));
-  RETURN_IF_ERROR(reader->restore(registry).WithContext("restoring " + path));
-  std::fprintf(stderr,
-               "train-sim: resuming at step %" PRId64 " from %s and %s/%s-%" PRId64
-               " (the newest step with both a model and an input checkpoint)\n",
-               *common, path.c_str(), dir.c_str(), input_basename.c_str(), *common);
-  return reader->metadata().step;
+// Restores the model at the newest step that has both a model and an input checkpoint, at the
+// start and after every pre-emption, so that the input hook resumes the input at exactly that
+// step. Model checkpoints newer than that (their input checkpoint was still being written when
+// the job died) are not used: resuming from one would replay the input from another position.
+// Checkpoints without any such pair are an error unless --allow_fresh_start; with no
+// checkpoint at all the job starts afresh from step 0 (a re-created session resets the model).
+Result<std::unique_ptr<CheckpointSessionCreator>> MakeCreator(const TrainSimConfig& config,
+                                                              SimModel* model) {
+  CheckpointSessionCreatorOptions options;
+  options.checkpoint_dir = config.saver.checkpoint_dir;
+  options.model_basename = config.saver.basename;
+  options.input_basename = InputCheckpointBasename(InputOptions(config));
+  options.allow_fresh_start = config.allow_fresh_start;
+  options.init_fn = [model] {
+    model->Reset();
+    return Status::OK();
+  };
+  return CheckpointSessionCreator::Create(std::move(options), &model->registry());
 }
 
 Result<std::unique_ptr<RecordDatasetIterator>> OpenInput(TrainSimConfig& config) {
@@ -395,7 +421,6 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
       config.saver.save_steps ? (std::to_string(*config.saver.save_steps) + " steps").c_str()
                               : (std::to_string(*config.saver.save_secs) + " s").c_str());
   summary->state_bytes = registry.total_bytes();
-  ASSIGN_OR_RETURN(summary->start_step, RestoreIfPresent(config, registry));
 
   ASSIGN_OR_RETURN(auto input, OpenInput(config));
   // Every hook's save_secs timer reads the time the step ended, not its own moment inside
@@ -413,8 +438,19 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
     ASSIGN_OR_RETURN(yardstick, MemcpyYardstickHook::Create(&registry, config.saver));
     hooks.insert(hooks.begin(), yardstick.get());  // runs just before the saver
   }
-  ASSIGN_OR_RETURN(auto session, MonitoredSession::Create(hooks, summary->start_step));
+  ASSIGN_OR_RETURN(auto creator, MakeCreator(config, model.get()));
+  ASSIGN_OR_RETURN(auto session, MonitoredSession::Create(hooks, creator.get()));
+  summary->start_step = session->global_step();
+  if (!creator->restored_from().empty()) {
+    std::fprintf(stderr,
+                 "train-sim: resuming at step %" PRId64 " from %s and %s/%s-%" PRId64
+                 " (the newest step with both a model and an input checkpoint)\n",
+                 summary->start_step, creator->restored_from().c_str(),
+                 config.saver.checkpoint_dir.c_str(),
+                 InputCheckpointBasename(InputOptions(config)).c_str(), summary->start_step);
+  }
   std::vector<uint8_t> batch;
+  std::set<int64_t> preempted;  // the --preempt_at_steps already injected
 
   const auto wall_start = SteadyClock::now();
   auto last_progress = wall_start;
@@ -428,6 +464,11 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
         std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config.step_ms));
       }
       step_end->store(SystemClockSeconds());
+      // After the step's work, which the pre-emption loses: the session must restore it.
+      if (config.preempt_at_steps.count(ctx.step()) && preempted.insert(ctx.step()).second) {
+        return Status::Unavailable("simulated pre-emption at step " + std::to_string(ctx.step()) +
+                                   " (--preempt_at_steps)");
+      }
       return Status::OK();
     });
     if (!status.ok()) break;
@@ -459,6 +500,7 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
   RETURN_IF_ERROR(status);
   summary->wall_seconds = std::chrono::duration<double>(SteadyClock::now() - wall_start).count();
   summary->final_step = session->global_step();
+  summary->recoveries = session->recoveries();
   summary->totals = totals();
   summary->digest = model->Digest();
   summary->input_digest = IteratorDigest(*input);
@@ -540,6 +582,8 @@ void PrintSummary(const TrainSimConfig& config, const RunSummary& s, uint64_t st
   if (!t.stale_temporaries_removed.empty()) {
     std::printf("stale temporaries  %zu removed\n", t.stale_temporaries_removed.size());
   }
+  std::printf("recoveries         %" PRId64 " (sessions re-created after a pre-emption)\n",
+              s.recoveries);
   if (s.verified >= 0) std::printf("verified           %d listed checkpoints OK\n", s.verified);
   std::printf("input              %" PRId64 " records consumed, %" PRId64
               " input checkpoints, input_state_digest %s\n",
@@ -557,6 +601,7 @@ Status WriteMetricsJson(const TrainSimConfig& config, const RunSummary& s, uint6
   json.field("start_step", s.start_step);
   json.field("final_step", s.final_step);
   json.field("steps_run", s.final_step - s.start_step);
+  json.field("recoveries", s.recoveries);
   json.field("wall_seconds", s.wall_seconds);
   json.field("state_bytes", state_bytes);
   json.field("checkpoints_committed", t.saves_committed);

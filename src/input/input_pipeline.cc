@@ -8,12 +8,14 @@
 #include <mutex>
 #include <set>
 #include <string_view>
+#include <utility>
 
 #include "asyncckpt/reader.h"
 #include "asyncckpt/state.h"
 #include "src/engine/engine.h"
 #include "src/format/format.h"
 #include "src/saver/saver_common.h"
+#include "src/util/io_status.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
 
@@ -152,33 +154,63 @@ class CheckpointInputPipelineHook::Impl {
     return Status::OK();
   }
 
-  void SetStartStep(int64_t step) { start_step_ = step; }
+  // A new session (the first, or one re-created after a pre-emption) starts at `step`: the
+  // next before_run restores the input of exactly that step, as the iterator has moved on.
+  void SetStartStep(int64_t step) {
+    start_step_ = step;
+    restore_done_ = false;
+  }
 
-  // First before_run: restore the input checkpoint of the starting step, else the latest one,
-  // else save the initial state.
+  // First before_run of a session: restore the input checkpoint of the starting step, or save
+  // the initial state at step 0.
   Status RestoreOrSaveInitial() {
     restore_done_ = true;
-    const std::string exact = options_.checkpoint_dir + "/" +
-                              format::CheckpointDirName(saver_options_.basename, start_step_);
-    std::string path;
-    bool exists = false, is_dir = false;
-    if (storage_.fs->stat(exact, &exists, &is_dir).ok() && exists && is_dir) {
-      path = exact;
-    } else {
-      auto latest = LatestCheckpoint(options_.checkpoint_dir, state_file_, storage_.fs);
-      if (!latest.ok() && latest.status().code() != StatusCode::kNotFound) return latest.status();
-      if (latest.ok()) {
-        path = *latest;
-        LogLine("no input checkpoint for step " + std::to_string(start_step_) +
-                "; restoring the latest one, " + path);
-      }
+    restored_from_.clear();
+    // A re-created session may start at a step whose save this hook still has in flight.
+    if (engine_) engine_->WaitAll();
+    const bool moved = std::exchange(iterator_moved_, true);  // the steps consume it from here
+    ASSIGN_OR_RETURN(std::string path, CheckpointToRestore());
+    if (path.empty()) {
+      // "The initial state" is the iterator's only while it has not moved.
+      if (!moved) return Save(start_step_);
+      return Status::FailedPrecondition(
+          "the re-created session starts at step " + std::to_string(start_step_) + " but " +
+          options_.checkpoint_dir + " has no input checkpoint " + StartName() +
+          " to restore, and the input iterator has moved past its initial state");
     }
-    if (path.empty()) return Save(start_step_);
     RETURN_IF_ERROR(Restore(path));
     restored_from_ = path;
     schedule_.mark(start_step_);
     schedule_.mark_saved(start_step_);
     return Status::OK();
+  }
+
+  // The input checkpoint of the starting step; "" when there is none to restore (a fresh start
+  // at step 0). At a later step without one: FailedPrecondition, or the latest one when the
+  // options ask for TensorFlow's behaviour.
+  Result<std::string> CheckpointToRestore() {
+    const std::string exact = options_.checkpoint_dir + "/" + StartName();
+    bool exists = false, is_dir = false;
+    RETURN_IF_ERROR(ToStatus(storage_.fs->stat(exact, &exists, &is_dir)));
+    if (exists && is_dir) return exact;
+    if (start_step_ == 0) return std::string();
+    if (!options_.restore_latest_when_step_missing) {
+      return Status::FailedPrecondition(
+          "the session starts at step " + std::to_string(start_step_) + " but " +
+          options_.checkpoint_dir + " has no input checkpoint " + StartName() +
+          "; resuming the input from another step would pair the model with another input "
+          "position (restore_latest_when_step_missing allows it)");
+    }
+    auto latest = LatestCheckpoint(options_.checkpoint_dir, state_file_, storage_.fs);
+    if (latest.status().code() == StatusCode::kNotFound) return std::string();
+    RETURN_IF_ERROR(latest.status());
+    LogLine("no input checkpoint for step " + std::to_string(start_step_) +
+            "; restoring the latest one, " + *latest);
+    return *latest;
+  }
+
+  std::string StartName() const {
+    return format::CheckpointDirName(saver_options_.basename, start_step_);
   }
 
   Status Save(int64_t step) {
@@ -292,6 +324,7 @@ class CheckpointInputPipelineHook::Impl {
   std::unique_ptr<Engine> engine_;
   int64_t start_step_ = 0;
   bool restore_done_ = false;
+  bool iterator_moved_ = false;  // once a session's steps may have consumed the iterator
   std::string restored_from_;
 
   mutable std::mutex mu_;

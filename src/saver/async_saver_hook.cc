@@ -2,6 +2,7 @@
 // encodes, writes and commits in the background.
 
 #include <chrono>
+#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -37,8 +38,10 @@ class AsyncCheckpointSaverHook::Impl {
     return Status::OK();
   }
 
-  // Snapshots `step`; with may_skip, skips it when staging is busy (as on_busy says).
-  Status Save(int64_t step, bool may_skip) {
+  // Snapshots `step`; with may_skip, skips it when staging is busy (as on_busy says). With
+  // heed_listeners false, a listener's after_save answer for this save asks for no stop: the
+  // save of a session's start, which TensorFlow's hook (and CheckpointSaverHook) ignore.
+  Status Save(int64_t step, bool may_skip, bool heed_listeners = true) {
     if (!engine_) return Status::FailedPrecondition("AsyncCheckpointSaverHook: begin() not called");
     schedule_.mark(step);
     CheckpointMetadata metadata{step, options_.clock(), options_.user_metadata};
@@ -47,6 +50,12 @@ class AsyncCheckpointSaverHook::Impl {
                      engine_->Submit(
                          metadata, may_skip && options_.on_busy == OnBusy::kSkip,
                          [&] {
+                           {
+                             // Runs once the save is certain: on_done comes for it, in this
+                             // order.
+                             std::lock_guard lock(mu_);
+                             heed_answers_.push_back(heed_listeners);
+                           }
                            for (auto* listener : listeners_) listener->before_save(step);
                          },
                          &blocked));
@@ -116,7 +125,16 @@ class AsyncCheckpointSaverHook::Impl {
       AddToTotals(stats, &totals_);
       if (!stats.status.ok()) unreported_failures_.push_back(stats.status);
     }
-    if (NotifyAfterSave(listeners_, stats.step, stats)) {
+    bool heed = true;
+    {
+      std::lock_guard lock(mu_);
+      // The engine reports every certain save once, in submission order.
+      if (!heed_answers_.empty()) {
+        heed = heed_answers_.front();
+        heed_answers_.pop_front();
+      }
+    }
+    if (NotifyAfterSave(listeners_, stats.step, stats) && heed) {
       std::lock_guard lock(mu_);
       stop_requested_by_listener_ = true;
     }
@@ -132,6 +150,8 @@ class AsyncCheckpointSaverHook::Impl {
   mutable std::mutex mu_;  // guards what the background reports
   SaverTotals totals_;
   std::vector<Status> unreported_failures_;
+  // Per save submitted and not yet done, oldest first: whether its listeners' answer counts.
+  std::deque<bool> heed_answers_;
   Status first_error_;
   bool stop_requested_by_listener_ = false;
 };
@@ -154,7 +174,9 @@ AsyncCheckpointSaverHook::~AsyncCheckpointSaverHook() = default;
 Status AsyncCheckpointSaverHook::begin() { return impl_->Begin(); }
 
 Status AsyncCheckpointSaverHook::after_create_session(int64_t global_step) {
-  return impl_->Save(global_step, /*may_skip=*/true);
+  // Nothing to stop yet: TensorFlow ignores the listeners' answer for this save, also in a
+  // session re-created after a pre-emption.
+  return impl_->Save(global_step, /*may_skip=*/true, /*heed_listeners=*/false);
 }
 
 Status AsyncCheckpointSaverHook::after_run(RunContext& context, const RunValues& values) {

@@ -428,7 +428,7 @@ TEST_P(CudaCheckpointTest, SavesEveryStepsStateAndRestoresIntoDeviceMemoryBitFor
   }
   auto hook = MakeHook();
   ASSERT_TRUE(hook.ok()) << hook.status().ToString();
-  auto session = MonitoredSession::Create({hook->get()});
+  auto session = SingularMonitoredSession::Create({hook->get()});
   ASSERT_TRUE(session.ok()) << session.status().ToString();
   for (int i = 0; i < kSteps; ++i) {
     Status status = (*session)->run([&](StepContext& ctx) {

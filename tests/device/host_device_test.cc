@@ -213,7 +213,7 @@ TEST_F(HostDeviceCheckpointTest, AsyncSaveOfHostDeviceTensorsRestoresBitForBit) 
   options.chunk_bytes = 256 << 10;  // several chunks
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry);
   ASSERT_TRUE(hook.ok()) << hook.status().ToString();
-  auto session = MonitoredSession::Create({hook->get()});
+  auto session = SingularMonitoredSession::Create({hook->get()});
   ASSERT_TRUE(session.ok()) << session.status().ToString();
   for (int step = 0; step < 5; ++step) {
     ASSERT_TRUE((*session)

@@ -106,7 +106,7 @@ class CliTest : public CliFixture {
     auto hook = CheckpointSaverHook::Create(options, &(*model)->registry());
     EXPECT_TRUE(hook.ok()) << hook.status().ToString();
     if (!hook.ok()) return nullptr;
-    auto session = MonitoredSession::Create({hook->get()});
+    auto session = SingularMonitoredSession::Create({hook->get()});
     EXPECT_TRUE(session.ok()) << session.status().ToString();
     if (!session.ok()) return nullptr;
     Status run = (*session)->run_until(8, [&](StepContext& ctx) {
@@ -157,6 +157,9 @@ TEST_F(CliTest, BadFlagValueIsOneLineNamingTheFlagAndTheValue) {
       {"step_ms", "fast", "fast"},
       {"o_direct", "perhaps", "true or false"},
       {"memcpy_yardstick", "on", "on"},
+      {"preempt_at_steps", "3,x", "'x' in '3,x'"},
+      {"preempt_at_steps", "0", "steps >= 1"},
+      {"preempt_at_steps", "5,,6", "'5,,6'"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE("--" + c.flag + " " + c.value);

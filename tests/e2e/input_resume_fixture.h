@@ -102,10 +102,12 @@ class InputResumeTest : public CliFixture {
   }
 
   // Runs `config` in `dir` to completion; returns its --metrics_json (null on failure).
-  Json RunToEnd(const JobConfig& config, const std::string& dir, const std::string& tag) {
+  Json RunToEnd(const JobConfig& config, const std::string& dir, const std::string& tag,
+                const std::vector<std::string>& extra = {}) {
     std::vector<std::string> args = config.args;
     const std::string metrics = Path(tag + ".json");
     args.insert(args.end(), {"--checkpoint_dir", dir, "--metrics_json", metrics});
+    args.insert(args.end(), extra.begin(), extra.end());
     const CliRun run =
         testing_support::RunCli(args, Path(tag + ".out"), Path(tag + ".err"), kRunTimeout);
     EXPECT_TRUE(run.started) << std::strerror(run.spawn_error);
@@ -192,10 +194,22 @@ class InputResumeTest : public CliFixture {
       auto complete = NewestCompleteStep(dir, "model.ckpt", "input.ckpt");
       ASSERT_TRUE(complete.ok()) << complete.status().ToString();
 
-      const Json resumed = RunToEnd(config, dir, tag + "-resume");
+      std::vector<std::string> extra;
+      if (!complete->has_value()) {
+        // No step has both checkpoints yet (under load even input.ckpt-0 can lag): a resume
+        // refuses to train over the model's checkpoints, and --allow_fresh_start starts afresh.
+        std::vector<std::string> args = config.args;
+        args.insert(args.end(), {"--checkpoint_dir", dir});
+        const CliRun refused = testing_support::RunCli(args, Path(tag + "-refused.out"),
+                                                       Path(tag + "-refused.err"), kRunTimeout);
+        EXPECT_EQ(refused.exit_code.value_or(-1), 1) << refused.err;
+        EXPECT_NE(refused.err.find("allow_fresh_start"), std::string::npos) << refused.err;
+        extra = {"--allow_fresh_start"};
+      }
+      const Json resumed = RunToEnd(config, dir, tag + "-resume", extra);
       ASSERT_FALSE(resumed.is_null());
       // It resumed from the newest step with both a model and an input checkpoint, or started
-      // afresh from step 0 when none had committed yet (under load even input.ckpt-0 can lag).
+      // afresh from step 0 when told to.
       EXPECT_EQ(resumed["start_step"], complete->value_or(0));
       newest_start = std::max(newest_start, resumed["start_step"].get<int64_t>());
       EXPECT_EQ(resumed["final_step"], kSteps);

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -485,6 +486,136 @@ TEST_F(TrainSimTest, RunKilledMidwayResumesToTheStateOfAnUninterruptedRun) {
   const uint64_t digest = ExpectListedCheckpointsMatchReplay(
       dir, ModelConfig("f32", Optimizer::kAdam), dataset_, kSteps);
   EXPECT_EQ(resumed.metrics["final_state_digest"], Hex(digest)) << killed_at;
+}
+
+// ---- pre-emption and broken state files ---------------------------------------------------------
+
+// The number of lines of `err` that hold `text`.
+size_t CountLines(const std::string& err, const std::string& text) {
+  size_t count = 0;
+  for (size_t at = err.find(text); at != std::string::npos; at = err.find(text, at + 1)) ++count;
+  return count;
+}
+
+TEST_F(TrainSimTest, PreemptedRunRecoversAndEndsInTheStateOfAStraightRun) {
+  RunResult straight = Train(Path("straight"), 40);
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  EXPECT_EQ(straight.metrics["recoveries"], 0);
+  for (const char* saver : {"async", "sync"}) {
+    SCOPED_TRACE(std::string("--saver ") + saver);
+    const std::string dir = Path(std::string("preempted-") + saver);
+    RunResult run = Train(dir, 40, {"--saver", saver, "--preempt_at_steps", "13,27"});
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+    EXPECT_EQ(run.metrics["recoveries"], 2);
+    EXPECT_EQ(CountLines(run.err, "simulated pre-emption at step"), 2u) << run.err;
+    EXPECT_EQ(CountLines(run.err, "recovered; the session goes on from step"), 2u) << run.err;
+    EXPECT_NE(run.out.find("recoveries         2"), std::string::npos) << run.out;
+    EXPECT_EQ(run.metrics["start_step"], 0);
+    EXPECT_EQ(run.metrics["final_step"], 40);
+    EXPECT_EQ(run.metrics["final_state_digest"], straight.metrics["final_state_digest"]);
+    EXPECT_EQ(run.metrics["input_state_digest"], straight.metrics["input_state_digest"]);
+    EXPECT_EQ(run.metrics["records_consumed"], straight.metrics["records_consumed"]);
+    const uint64_t digest = ExpectListedCheckpointsMatchReplay(
+        dir, ModelConfig("f32", Optimizer::kAdam), dataset_, /*last_step=*/40);
+    EXPECT_EQ(run.metrics["final_state_digest"], Hex(digest));
+  }
+}
+
+TEST_F(TrainSimTest, PreemptionBeforeTheFirstCheckpointsCommitStartsAgainFromStepZero) {
+  // At step 1 the saves of step 0 may still be in flight: the session comes back at step 0,
+  // restored or reset, and the model and input start over together.
+  RunResult straight = Train(Path("straight"), 10);
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  RunResult run = Train(Path("early"), 10, {"--preempt_at_steps", "1,2"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(run.metrics["recoveries"], 2);
+  EXPECT_EQ(run.metrics["final_state_digest"], straight.metrics["final_state_digest"]);
+  EXPECT_EQ(run.metrics["input_state_digest"], straight.metrics["input_state_digest"]);
+}
+
+// Finding 6a: the state file emptied, naming a missing checkpoint, or naming one that was
+// deleted. The resume either restores a model and input pair of one step (where the state file
+// is read with a fallback to the directory) or fails saying why, and loses nothing; it never
+// starts from step 0 beside a restored input.
+TEST_F(TrainSimTest, ABrokenStateFileNeverStartsFromStepZeroBesideARestoredInput) {
+  const std::string original = Path("original");
+  RunResult first = Train(original, 12, {"--max_to_keep", "0"});  // saves 0, 4, 8, 12
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  RunResult straight = Train(Path("straight"), 20);
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+
+  struct Case {
+    std::string name;
+    std::function<void(const std::string&)> break_it;
+    int64_t newest_pair;  // the newest step with both checkpoints left on disk
+  };
+  const std::vector<Case> cases = {
+      {"empty", [](const std::string& dir) { testing_support::WriteFile(dir + "/checkpoint", ""); },
+       12},
+      {"missing",
+       [](const std::string& dir) {
+         testing_support::WriteFile(dir + "/checkpoint",
+                                    "model_checkpoint_path: \"model.ckpt-999\"\n"
+                                    "all_model_checkpoint_paths: \"model.ckpt-999\"\n");
+       },
+       12},
+      {"deleted", [](const std::string& dir) { fs::remove_all(dir + "/model.ckpt-12"); }, 8},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = Path(c.name);
+    fs::copy(original, dir, fs::copy_options::recursive);
+    c.break_it(dir);
+    std::vector<std::string> before;
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      if (entry.is_directory()) before.push_back(entry.path().filename().string());
+    }
+    RunResult resumed = Train(dir, 20, {"--max_to_keep", "0"});
+    const std::string restored_input = "restored the input pipeline from " + dir + "/input.ckpt-";
+    if (resumed.exit_code == 0) {
+      EXPECT_NE(resumed.err.find(restored_input + std::to_string(c.newest_pair) + "\n"),
+                std::string::npos)
+          << resumed.err;
+    } else {
+      EXPECT_EQ(resumed.err.find(restored_input), std::string::npos) << resumed.err;
+    }
+    if (resumed.exit_code == 0) {
+      EXPECT_EQ(resumed.metrics["start_step"], c.newest_pair) << resumed.err;
+      EXPECT_EQ(resumed.metrics["final_state_digest"], straight.metrics["final_state_digest"]);
+      EXPECT_EQ(resumed.metrics["input_state_digest"], straight.metrics["input_state_digest"]);
+    } else {
+      EXPECT_EQ(resumed.exit_code, 1) << resumed.err;
+      EXPECT_NE(resumed.err.find("model.ckpt-"), std::string::npos) << resumed.err;
+      EXPECT_EQ(resumed.err.find("resuming at step 0"), std::string::npos) << resumed.err;
+      // Nothing that was there is gone.
+      for (const std::string& name : before)
+        EXPECT_TRUE(fs::is_directory(dir + "/" + name)) << name;
+    }
+  }
+}
+
+TEST_F(TrainSimTest, ModelCheckpointsWithoutInputPartnersNeedAllowFreshStart) {
+  const std::string dir = Path("no_input");
+  RunResult first = Train(dir, 8, {"--max_to_keep", "0"});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().filename().string().rfind("input.ckpt-", 0) == 0) fs::remove_all(entry);
+  }
+  fs::remove(dir + "/checkpoint_input");
+
+  RunResult refused = Train(dir, 12, {"--max_to_keep", "0"});
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("model.ckpt-8"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("allow_fresh_start"), std::string::npos) << refused.err;
+  EXPECT_TRUE(fs::is_directory(dir + "/model.ckpt-8"));
+
+  RunResult fresh = Train(dir, 12, {"--max_to_keep", "0", "--allow_fresh_start"});
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
+  EXPECT_EQ(fresh.metrics["start_step"], 0);
+  RunResult straight = Train(Path("straight"), 12);
+  ASSERT_EQ(straight.exit_code, 0) << straight.err;
+  EXPECT_EQ(fresh.metrics["final_state_digest"], straight.metrics["final_state_digest"]);
+  EXPECT_EQ(fresh.metrics["input_state_digest"], straight.metrics["input_state_digest"]);
 }
 
 }  // namespace

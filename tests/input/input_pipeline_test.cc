@@ -1,5 +1,5 @@
-// CheckpointInputPipelineHook with MonitoredSession: the initial save, the schedule, the end
-// save; the model's files left alone; exact resume; external-state policies; per-worker
+// CheckpointInputPipelineHook with SingularMonitoredSession: the initial save, the schedule, the
+// end save; the model's files left alone; exact resume; external-state policies; per-worker
 // checkpoints; states spanning many chunks; NewestCompleteStep; option checks; failures.
 
 #include "asyncckpt/input_pipeline.h"
@@ -29,6 +29,7 @@
 #include "src/saver/saver_common.h"
 #include "src/state/checkpoint_state.h"
 #include "src/util/log.h"
+#include "src/util/status_macros.h"
 #include "tests/support/files.h"
 
 namespace asyncckpt {
@@ -179,7 +180,7 @@ class InputPipelineTest : public ::testing::Test {
   static RunLog Run(CheckpointInputPipelineHook* hook, RecordDatasetIterator* input,
                     int64_t initial_step, int64_t last_step, size_t batch_size = 8) {
     RunLog log;
-    auto session = MonitoredSession::Create({hook}, initial_step);
+    auto session = SingularMonitoredSession::Create({hook}, initial_step);
     if (!session.ok()) {
       log.status = session.status();
       return log;
@@ -327,7 +328,30 @@ TEST_F(InputPipelineTest, ResumeRestoresTheStartStepsCheckpointAndConsumesWhatAS
   }
 }
 
-TEST_F(InputPipelineTest, StartStepWithoutItsOwnCheckpointRestoresTheLatestAndSaysSo) {
+TEST_F(InputPipelineTest, StartStepWithoutItsOwnCheckpointFailsNamingTheStepAndTheDirectory) {
+  {
+    auto input = OpenInput();
+    ASSERT_NE(input, nullptr);
+    auto hook = MakeHook(Options(4), input.get());
+    ASSERT_NE(hook, nullptr);
+    ASSERT_TRUE(Run(hook.get(), input.get(), 0, 6).status.ok());  // saves 0, 4, 6
+  }
+  auto input = OpenInput();
+  ASSERT_NE(input, nullptr);
+  auto hook = MakeHook(Options(4), input.get());
+  ASSERT_NE(hook, nullptr);
+  RunLog resumed = Run(hook.get(), input.get(), 5, 6);
+  EXPECT_EQ(resumed.status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(resumed.status.message().find("step 5"), std::string::npos)
+      << resumed.status.ToString();
+  EXPECT_NE(resumed.status.message().find(dir_), std::string::npos) << resumed.status.ToString();
+  EXPECT_NE(resumed.status.message().find("input.ckpt-5"), std::string::npos);
+  EXPECT_TRUE(resumed.batches.empty());
+  EXPECT_TRUE(hook->restored_from().empty());
+  EXPECT_EQ(input->records_emitted(), 0);
+}
+
+TEST_F(InputPipelineTest, StartStepWithoutItsOwnCheckpointRestoresTheLatestWhenAskedAndSaysSo) {
   {
     auto input = OpenInput();
     ASSERT_NE(input, nullptr);
@@ -338,7 +362,9 @@ TEST_F(InputPipelineTest, StartStepWithoutItsOwnCheckpointRestoresTheLatestAndSa
   LogCapture logs;
   auto input = OpenInput();
   ASSERT_NE(input, nullptr);
-  auto hook = MakeHook(Options(4), input.get());
+  InputPipelineOptions options = Options(4);
+  options.restore_latest_when_step_missing = true;
+  auto hook = MakeHook(options, input.get());
   ASSERT_NE(hook, nullptr);
   RunLog resumed = Run(hook.get(), input.get(), 5, 6);
   ASSERT_TRUE(resumed.status.ok()) << resumed.status.ToString();
@@ -347,13 +373,99 @@ TEST_F(InputPipelineTest, StartStepWithoutItsOwnCheckpointRestoresTheLatestAndSa
   EXPECT_EQ(input->records_emitted(), 7 * 8);
 }
 
+// Finding 6a: a fresh model (step 0) beside input checkpoints of later steps must not take the
+// input position of one of them.
+TEST_F(InputPipelineTest, FreshStartBesideLaterInputCheckpointsSavesTheInitialState) {
+  {
+    auto input = OpenInput();
+    ASSERT_NE(input, nullptr);
+    auto hook = MakeHook(Options(4), input.get());
+    ASSERT_NE(hook, nullptr);
+    ASSERT_TRUE(Run(hook.get(), input.get(), 0, 8).status.ok());  // saves 0, 4, 8
+  }
+  fs::remove_all(dir_ + "/input.ckpt-0");
+  const std::map<int64_t, Batch> straight = Straight(0, 3);
+  auto input = OpenInput();
+  ASSERT_NE(input, nullptr);
+  auto hook = MakeHook(Options(4), input.get());
+  ASSERT_NE(hook, nullptr);
+  RunLog fresh = Run(hook.get(), input.get(), 0, 3);
+  ASSERT_TRUE(fresh.status.ok()) << fresh.status.ToString();
+  EXPECT_TRUE(hook->restored_from().empty()) << hook->restored_from();
+  for (int64_t s = 1; s <= 3; ++s) EXPECT_EQ(fresh.batches[s], straight.at(s)) << s;
+  EXPECT_TRUE(IsDir(dir_ + "/input.ckpt-0"));
+}
+
+// A session creator that starts at step 0 and comes back at `restored` after a pre-emption.
+class StepCreator final : public SessionCreator {
+ public:
+  explicit StepCreator(int64_t restored) : restored_(restored) {}
+  Result<int64_t> create_session() override { return calls_++ == 0 ? int64_t{0} : restored_; }
+
+ private:
+  int64_t restored_;
+  int calls_ = 0;
+};
+
+TEST_F(InputPipelineTest, ARecreatedSessionRestoresTheInputOfItsStartStepAgain) {
+  const std::map<int64_t, Batch> straight = Straight(0, 10);
+  auto input = OpenInput();
+  ASSERT_NE(input, nullptr);
+  auto hook = MakeHook(Options(4), input.get());
+  ASSERT_NE(hook, nullptr);
+  StepCreator creator(/*restored=*/4);
+  auto session = MonitoredSession::Create({hook.get()}, &creator);
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  std::map<int64_t, Batch> batches;
+  bool preempted = false;
+  Status status = (*session)->run_until(10, [&](StepContext& ctx) {
+    Batch batch;
+    RETURN_IF_ERROR(input->next_batch(8, &batch));
+    batches[ctx.step()] = std::move(batch);
+    // Step 7 consumed its batch, then the worker was pre-empted.
+    if (ctx.step() == 7 && !preempted) {
+      preempted = true;
+      return Status::Unavailable("pre-empted");
+    }
+    return Status::OK();
+  });
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  EXPECT_EQ((*session)->recoveries(), 1);
+  EXPECT_EQ(hook->restored_from(), dir_ + "/input.ckpt-4");
+  // Steps 5..7 ran twice; the second time they consumed what a straight run does.
+  for (int64_t s = 1; s <= 10; ++s) EXPECT_EQ(batches[s], straight.at(s)) << "step " << s;
+  EXPECT_EQ(input->records_emitted(), 10 * 8);  // the restored position counts, not the replays
+}
+
+TEST_F(InputPipelineTest, ARecreatedSessionAtStepZeroWithoutItsCheckpointFails) {
+  auto input = OpenInput();
+  ASSERT_NE(input, nullptr);
+  auto hook = MakeHook(Options(100), input.get());
+  ASSERT_NE(hook, nullptr);
+  StepCreator creator(/*restored=*/0);
+  auto session = MonitoredSession::Create({hook.get()}, &creator);
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  Status status = (*session)->run_until(10, [&](StepContext& ctx) {
+    Batch batch;
+    RETURN_IF_ERROR(input->next_batch(8, &batch));
+    if (ctx.step() != 3) return Status::OK();
+    // Its initial state is gone: the iterator cannot go back to step 0.
+    EXPECT_TRUE(hook->wait_until_saved().ok());
+    fs::remove_all(dir_ + "/input.ckpt-0");
+    return Status::Aborted("pre-empted");
+  });
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("input.ckpt-0"), std::string::npos) << status.ToString();
+  EXPECT_NE(status.message().find("moved past its initial state"), std::string::npos);
+}
+
 TEST_F(InputPipelineTest, ExternalStatePolicyFailRefusesTheFirstSave) {
   FakeIterator it(/*external=*/true);
   InputPipelineOptions options = Options(1);
   options.external_state_policy = ExternalStatePolicy::kFail;
   auto hook = MakeHook(options, &it);
   ASSERT_NE(hook, nullptr);
-  auto session = MonitoredSession::Create({hook.get()}, 0);
+  auto session = SingularMonitoredSession::Create({hook.get()}, 0);
   ASSERT_TRUE(session.ok()) << session.status().ToString();
   bool step_ran = false;
   Status status = (*session)->run([&](StepContext&) {
@@ -375,7 +487,7 @@ TEST_F(InputPipelineTest, ExternalStatePolicyWarnLogsAndSaves) {
   options.external_state_policy = ExternalStatePolicy::kWarn;
   auto hook = MakeHook(options, &it);
   ASSERT_NE(hook, nullptr);
-  auto session = MonitoredSession::Create({hook.get()}, 0);
+  auto session = SingularMonitoredSession::Create({hook.get()}, 0);
   ASSERT_TRUE(session.ok());
   Status status = (*session)->run_until(3, [&](StepContext&) {
     it.Next();
@@ -394,7 +506,7 @@ TEST_F(InputPipelineTest, ExternalStatePolicyIgnoreSavesSilently) {
   options.external_state_policy = ExternalStatePolicy::kIgnore;
   auto hook = MakeHook(options, &it);
   ASSERT_NE(hook, nullptr);
-  auto session = MonitoredSession::Create({hook.get()}, 0);
+  auto session = SingularMonitoredSession::Create({hook.get()}, 0);
   ASSERT_TRUE(session.ok());
   Status status = (*session)->run_until(2, [&](StepContext&) {
     it.Next();
@@ -468,10 +580,12 @@ TEST_F(InputPipelineTest, WorkersSharingADirectoryKeepTheirCheckpointsApart) {
   EXPECT_TRUE(IsDir(dir_ + "/input_worker_1.ckpt-3"));
   EXPECT_TRUE(IsDir(dir_ + "/input_worker_1.ckpt-4"));
 
-  // Worker 1 resumed at a step it has no checkpoint of falls back to its own latest.
+  // Worker 1 resumed at a step it has no checkpoint of falls back to its own latest (when told
+  // to: by default that is an error).
   InputPipelineOptions options = Options(3);
   options.num_workers = 2;
   options.task_id = 1;
+  options.restore_latest_when_step_missing = true;
   auto input = OpenInput();
   ASSERT_NE(input, nullptr);
   auto hook = MakeHook(options, input.get());
@@ -536,7 +650,7 @@ TEST_F(InputPipelineTest, IteratorWithoutAStateBoundSavesStatesLargerThanItsFirs
   FakeIterator it;
   auto hook = MakeHook(Options(1), &it);
   ASSERT_NE(hook, nullptr);
-  auto session = MonitoredSession::Create({hook.get()}, 0);
+  auto session = SingularMonitoredSession::Create({hook.get()}, 0);
   ASSERT_TRUE(session.ok());
   Status status = (*session)->run_until(4, [&](StepContext& ctx) {
     it.Next();
@@ -549,7 +663,7 @@ TEST_F(InputPipelineTest, IteratorWithoutAStateBoundSavesStatesLargerThanItsFirs
   FakeIterator restored;
   auto hook2 = MakeHook(Options(1), &restored);
   ASSERT_NE(hook2, nullptr);
-  auto session2 = MonitoredSession::Create({hook2.get()}, 3);
+  auto session2 = SingularMonitoredSession::Create({hook2.get()}, 3);
   ASSERT_TRUE(session2.ok());
   ASSERT_TRUE((*session2)->run([](StepContext&) { return Status::OK(); }).ok());
   ASSERT_TRUE((*session2)->close().ok());
@@ -563,7 +677,7 @@ TEST_F(InputPipelineTest, IteratorSaveFailureFailsTheSession) {
   it.fail_save_at(2);
   auto hook = MakeHook(Options(1), &it);
   ASSERT_NE(hook, nullptr);
-  auto session = MonitoredSession::Create({hook.get()}, 0);
+  auto session = SingularMonitoredSession::Create({hook.get()}, 0);
   ASSERT_TRUE(session.ok());
   Status status = (*session)->run_until(5, [&](StepContext&) {
     it.Next();
@@ -584,7 +698,7 @@ TEST_F(InputPipelineTest, BackgroundSaveFailureStopsTheLoopAndEndReturnsIt) {
   options.file_system = faults.get();
   auto hook = MakeHook(options, input.get());
   ASSERT_NE(hook, nullptr);
-  auto session = MonitoredSession::Create({hook.get()}, 0);
+  auto session = SingularMonitoredSession::Create({hook.get()}, 0);
   ASSERT_TRUE(session.ok());
   faults->fail_ops_matching("input.ckpt-4", EIO);
   int64_t steps = 0;

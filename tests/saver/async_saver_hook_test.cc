@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <string>
@@ -176,7 +177,7 @@ class AsyncSaverHookTest : public ::testing::Test {
   // Runs steps 1..steps; every step changes every element.
   Status Train(SessionRunHook* hook, int64_t steps) {
     SetState(0);
-    auto session = MonitoredSession::Create({hook});
+    auto session = SingularMonitoredSession::Create({hook});
     if (!session.ok()) return session.status();
     return (*session)->run_until(steps, StepFunction());
   }
@@ -327,7 +328,8 @@ TEST_F(AsyncSaverHookTest, OnBusyWaitBlocksTheTrainingThreadAndNeverDropsASave) 
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry_, {&opener, &listener});
   ASSERT_TRUE(hook.ok());
   SetState(0);
-  auto session = MonitoredSession::Create({hook->get()});  // saves step 0; its writes are held
+  auto session =
+      SingularMonitoredSession::Create({hook->get()});  // saves step 0; its writes are held
   ASSERT_TRUE(session.ok());
   Status status = (*session)->run_until(4, [&](StepContext& ctx) {
     // Step 1's after_run waited for the gate, so the step after it sees it open.
@@ -356,7 +358,8 @@ TEST_F(AsyncSaverHookTest, OnBusySkipSkipsAndRetriesAtTheNextTrigger) {
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry_, {&listener});
   ASSERT_TRUE(hook.ok());
   SetState(0);
-  auto session = MonitoredSession::Create({hook->get()});  // saves step 0; its writes are held
+  auto session =
+      SingularMonitoredSession::Create({hook->get()});  // saves step 0; its writes are held
   ASSERT_TRUE(session.ok());
   gate()->WaitForWaiting(1);
   ASSERT_TRUE((*session)->run(StepFunction()).ok());  // step 1: staging busy, skipped
@@ -385,7 +388,7 @@ TEST_F(AsyncSaverHookTest, EndSavesTheLastStepWhenItsSaveWasSkipped) {
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry_, {&listener});
   ASSERT_TRUE(hook.ok());
   SetState(0);
-  auto session = MonitoredSession::Create({hook->get()});
+  auto session = SingularMonitoredSession::Create({hook->get()});
   ASSERT_TRUE(session.ok());
   gate()->WaitForWaiting(1);
   ASSERT_TRUE((*session)->run(StepFunction()).ok());  // step 1: skipped
@@ -424,7 +427,7 @@ TEST_P(AsyncSaverHookFaultTest, FailedSaveReachesListenerAndLoopAndLeavesEarlier
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry_, {&listener});
   ASSERT_TRUE(hook.ok());
   SetState(0);
-  auto session = MonitoredSession::Create({hook->get()});
+  auto session = SingularMonitoredSession::Create({hook->get()});
   ASSERT_TRUE(session.ok());
   ASSERT_NE(faulty, nullptr);
   listener.WaitForSaves(1);
@@ -505,7 +508,7 @@ TEST_F(AsyncSaverHookTest, ExceptionFromTheFileSystemBecomesTheSaveFailure) {
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry_, {&listener});
   ASSERT_TRUE(hook.ok());
   SetState(0);
-  auto session = MonitoredSession::Create({hook->get()});
+  auto session = SingularMonitoredSession::Create({hook->get()});
   ASSERT_TRUE(session.ok());
   listener.WaitForSaves(1);
   thrower->armed = true;
@@ -556,7 +559,7 @@ TEST_F(AsyncSaverHookTest, ExceptionFromADeviceCopyBecomesTheSaveFailure) {
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry, {&listener});
   ASSERT_TRUE(hook.ok());
   SetState(0);
-  auto session = MonitoredSession::Create({hook->get()});
+  auto session = SingularMonitoredSession::Create({hook->get()});
   ASSERT_TRUE(session.ok());
   device->mode = FlakyDevice::Mode::kThrow;
   ASSERT_TRUE((*session)->run(StepFunction()).ok());  // step 1: the copy throws
@@ -629,7 +632,7 @@ TEST_F(AsyncSaverHookTest, ListenerReturningTrueStopsTheLoop) {
   auto hook = AsyncCheckpointSaverHook::Create(Options(3), &registry_, {&listener});
   ASSERT_TRUE(hook.ok());
   SetState(0);
-  auto session = MonitoredSession::Create({hook->get()});
+  auto session = SingularMonitoredSession::Create({hook->get()});
   ASSERT_TRUE(session.ok());
   auto* raw_hook = hook->get();
   // Step 4 waits until the save of step 3 is done, so its after_run must see the request.
@@ -642,6 +645,71 @@ TEST_F(AsyncSaverHookTest, ListenerReturningTrueStopsTheLoop) {
   EXPECT_EQ((*session)->global_step(), 4);
   EXPECT_EQ(listener.after(), (std::vector<int64_t>{0, 3, 4}));  // end() saves step 4
   EXPECT_EQ(listener.ends(), (std::vector<int64_t>{4}));
+}
+
+TEST_F(AsyncSaverHookTest, ListenerReturningTrueForTheInitialSaveDoesNotStopTheLoop) {
+  RecordingListener listener;
+  listener.StopAfter(0);
+  auto hook = AsyncCheckpointSaverHook::Create(Options(100), &registry_, {&listener});
+  ASSERT_TRUE(hook.ok());
+  SetState(0);
+  auto session = SingularMonitoredSession::Create({hook->get()});
+  ASSERT_TRUE(session.ok());
+  auto* raw_hook = hook->get();
+  // Step 1 waits until the initial save is done, so its after_run would see a stop request.
+  Status status = (*session)->run_until(3, [&](StepContext& ctx) {
+    SetState(ctx.step());
+    if (ctx.step() == 1) return raw_hook->wait_until_saved();
+    return Status::OK();
+  });
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  EXPECT_EQ((*session)->global_step(), 3);
+  EXPECT_EQ(listener.after(), (std::vector<int64_t>{0, 3}));  // end() saves step 3
+}
+
+// Starts at step 0, and restores the state of `restored` after a pre-emption.
+class SetStateCreator final : public SessionCreator {
+ public:
+  SetStateCreator(std::function<void(int64_t)> set_state, int64_t restored)
+      : set_state_(std::move(set_state)), restored_(restored) {}
+  Result<int64_t> create_session() override {
+    const int64_t step = calls_++ == 0 ? 0 : restored_;
+    set_state_(step);
+    return step;
+  }
+
+ private:
+  std::function<void(int64_t)> set_state_;
+  int64_t restored_;
+  int calls_ = 0;
+};
+
+TEST_F(AsyncSaverHookTest, ListenerReturningTrueForARecreatedSessionsSaveDoesNotStopTheLoop) {
+  RecordingListener listener;
+  listener.StopAfter(2);
+  auto hook = AsyncCheckpointSaverHook::Create(Options(100), &registry_, {&listener});
+  ASSERT_TRUE(hook.ok());
+  SetStateCreator creator([this](int64_t step) { SetState(step); }, /*restored=*/2);
+  auto session = MonitoredSession::Create({hook->get()}, &creator);
+  ASSERT_TRUE(session.ok()) << session.status().ToString();
+  auto* raw_hook = hook->get();
+  bool preempted = false;
+  Status status = (*session)->run_until(5, [&](StepContext& ctx) {
+    SetState(ctx.step());
+    if (ctx.step() == 4 && !preempted) {
+      preempted = true;
+      return Status::Unavailable("pre-empted");
+    }
+    // The first step after the recovery waits for the save of step 2 to be done.
+    if (preempted && ctx.step() == 3) return raw_hook->wait_until_saved();
+    return Status::OK();
+  });
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  EXPECT_EQ((*session)->recoveries(), 1);
+  EXPECT_EQ((*session)->global_step(), 5);
+  EXPECT_EQ(listener.after(), (std::vector<int64_t>{0, 2, 5}));
+  ExpectHoldsStep(Path(2), 2);
+  ExpectHoldsStep(Path(5), 5);
 }
 
 TEST_F(AsyncSaverHookTest, EachSaveReportsCompressionStats) {
@@ -703,7 +771,7 @@ class AllDTypesState {
   // Runs steps 1..steps under `hook`, from the state at step 0; every step sets its own state.
   Status Train(SessionRunHook* hook, int64_t steps) {
     Set(0);
-    auto session = MonitoredSession::Create({hook});
+    auto session = SingularMonitoredSession::Create({hook});
     if (!session.ok()) return session.status();
     return (*session)->run_until(steps, [this](StepContext& ctx) {
       Set(ctx.step());

@@ -76,7 +76,7 @@ class CheckpointSaverHookTest : public ::testing::Test {
 
   // Runs `steps` steps; every step changes every element, as a real optimizer would.
   Status Train(SessionRunHook* hook, int64_t steps) {
-    auto session = MonitoredSession::Create({hook});
+    auto session = SingularMonitoredSession::Create({hook});
     if (!session.ok()) return session.status();
     return (*session)->run_until(steps, [&](StepContext& ctx) {
       for (size_t i = 0; i < weights_.size(); ++i) weights_[i] = float(ctx.step() * 1000 + i);
@@ -148,7 +148,7 @@ TEST_F(CheckpointSaverHookTest, ListenerAskingToStopEndsTheLoop) {
   listener.stop_after_step = 3;
   auto hook = CheckpointSaverHook::Create(Options(3), &registry_, {&listener});
   ASSERT_TRUE(hook.ok());
-  auto session = MonitoredSession::Create({hook->get()});
+  auto session = SingularMonitoredSession::Create({hook->get()});
   ASSERT_TRUE(session.ok());
   ASSERT_TRUE((*session)->run_until(100, [](StepContext&) { return Status::OK(); }).ok());
   EXPECT_EQ((*session)->global_step(), 3);
@@ -176,7 +176,7 @@ TEST_F(CheckpointSaverHookTest, FailedSaveFailsTheSessionAndKeepsEarlierCheckpoi
   options.file_system = faulty.get();
   auto hook = CheckpointSaverHook::Create(options, &registry_, {&listener});
   ASSERT_TRUE(hook.ok());
-  auto session = MonitoredSession::Create({hook->get()});
+  auto session = SingularMonitoredSession::Create({hook->get()});
   ASSERT_TRUE(session.ok());
   ASSERT_NE(faulty, nullptr);
   faulty->fail_ops_matching("model.ckpt-2.tmp", ENOSPC);

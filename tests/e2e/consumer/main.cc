@@ -4,6 +4,7 @@
 #include <asyncckpt/reader.h>
 #include <asyncckpt/saver_hook.h>
 #include <asyncckpt/session.h>
+#include <asyncckpt/session_creator.h>
 #include <asyncckpt/state.h>
 
 #include <cstdio>
@@ -43,7 +44,12 @@ int main(int argc, char** argv) {
   options.save_steps = 1000;  // one save: the one at the start of the session
   auto hook = asyncckpt::CheckpointSaverHook::Create(options, &registry);
   if (!hook.ok()) return Fail("creating the saver hook", hook.status());
-  auto session = asyncckpt::MonitoredSession::Create({hook->get()});
+  // A fresh directory: the creator restores nothing and the session starts at step 0.
+  asyncckpt::CheckpointSessionCreatorOptions restore;
+  restore.checkpoint_dir = argv[1];
+  auto creator = asyncckpt::CheckpointSessionCreator::Create(restore, &registry);
+  if (!creator.ok()) return Fail("creating the session creator", creator.status());
+  auto session = asyncckpt::MonitoredSession::Create({hook->get()}, creator->get());
   if (!session.ok()) return Fail("creating the session", session.status());
   asyncckpt::Status closed = (*session)->close();
   if (!closed.ok()) return Fail("closing the session", closed);
