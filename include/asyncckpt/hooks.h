@@ -64,6 +64,12 @@ class SessionRunHook {
     (void)values;
     return Status::OK();
   }
+  /// When a MonitoredSession is about to re-create itself after a pre-emption, before its
+  /// creator restores the state: finish work still in flight (background saves), so that the
+  /// restore finds the newest state this job saved. Not part of TensorFlow's hook (its savers
+  /// are synchronous). A failure is logged and the recovery goes on; failures of the work
+  /// itself are reported as they would have been without the recovery.
+  virtual Status before_recovery() { return Status::OK(); }
   /// Once, when the session closes after a normal finish or end of data (not after a failure);
   /// `global_step` is the last completed step.
   virtual Status end(int64_t global_step) {

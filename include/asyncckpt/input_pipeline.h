@@ -166,6 +166,8 @@ class CheckpointInputPipelineHook : public SessionRunHook {
   Status after_create_session(int64_t global_step) override;
   Result<RunArgs> before_run(RunContext& context) override;
   Status after_run(RunContext& context, const RunValues& values) override;
+  /// Waits for the input checkpoints in flight.
+  Status before_recovery() override;
   Status end(int64_t global_step) override;
 
   /// The checkpoint restored at the first before_run of the latest session, or empty when it

@@ -215,6 +215,9 @@ class AsyncCheckpointSaverHook : public SessionRunHook {
   Status begin() override;
   Status after_create_session(int64_t global_step) override;
   Status after_run(RunContext& context, const RunValues& values) override;
+  /// Waits for the saves in flight, so a re-created session restores the newest of them;
+  /// a failure among them still reaches the next after_run as options.on_error says.
+  Status before_recovery() override;
   Status end(int64_t global_step) override;
 
   /// Blocks until every save submitted so far is committed or failed; the first failure so far

@@ -78,6 +78,16 @@ Status CallBegin(const std::vector<SessionRunHook*>& hooks) {
   return Status::OK();
 }
 
+// before_recovery on every hook; a failure is logged, not returned: the recovery goes on, and
+// whatever the hook was finishing reports its own failures through its own path.
+void CallBeforeRecovery(const std::vector<SessionRunHook*>& hooks) {
+  for (size_t i = 0; i < hooks.size(); ++i) {
+    Status status =
+        Guard(HookName(i, "before_recovery()"), [&] { return hooks[i]->before_recovery(); });
+    if (!status.ok()) LogLine("MonitoredSession: " + status.ToString());
+  }
+}
+
 Status CallAfterCreateSession(const std::vector<SessionRunHook*>& hooks, int64_t step) {
   for (size_t i = 0; i < hooks.size(); ++i) {
     RETURN_IF_ERROR(Guard(HookName(i, "after_create_session()"),
@@ -226,6 +236,9 @@ class MonitoredSessionBase::Impl {
               std::to_string(global_step_) + "; re-creating the session (recovery " +
               std::to_string(recoveries_in_a_row_) + " of at most " +
               std::to_string(max_in_a_row_) + " in a row)");
+      // Saves still in flight hold steps the loop already ran past: the creator must see them
+      // committed, or it restores an older state (or none) than this job saved.
+      CallBeforeRecovery(hooks_);
       Status created = CreateSession();
       if (created.ok()) {
         ++recoveries_;

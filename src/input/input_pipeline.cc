@@ -393,4 +393,9 @@ int64_t CheckpointInputPipelineHook::saves_committed() const { return impl_->sav
 
 Status CheckpointInputPipelineHook::wait_until_saved() { return impl_->WaitUntilSaved(); }
 
+Status CheckpointInputPipelineHook::before_recovery() {
+  (void)impl_->WaitUntilSaved();  // a failure stays recorded: the next after_run stops the loop
+  return Status::OK();
+}
+
 }  // namespace asyncckpt

@@ -85,6 +85,11 @@ class AsyncCheckpointSaverHook::Impl {
     return Status::OK();
   }
 
+  // Leaves failures for the next Poll, unlike WaitUntilSaved.
+  void WaitForSavesInFlight() {
+    if (engine_) engine_->WaitAll();
+  }
+
   Status WaitUntilSaved() {
     if (engine_) engine_->WaitAll();
     (void)Poll(nullptr);
@@ -189,6 +194,11 @@ Status AsyncCheckpointSaverHook::after_run(RunContext& context, const RunValues&
 Status AsyncCheckpointSaverHook::end(int64_t global_step) { return impl_->End(global_step); }
 
 Status AsyncCheckpointSaverHook::wait_until_saved() { return impl_->WaitUntilSaved(); }
+
+Status AsyncCheckpointSaverHook::before_recovery() {
+  impl_->WaitForSavesInFlight();
+  return Status::OK();
+}
 
 SaverTotals AsyncCheckpointSaverHook::totals() const { return impl_->Totals(); }
 

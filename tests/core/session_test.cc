@@ -87,12 +87,17 @@ class RecordingHook : public SessionRunHook {
     if (stop_in_after_run_at == context.step()) context.request_stop();
     return Status::OK();
   }
+  Status before_recovery() override {
+    Record("before_recovery");
+    return before_recovery_status;
+  }
   Status end(int64_t global_step) override {
     Record("end " + std::to_string(global_step));
     return end_status;
   }
 
   std::vector<std::string> fetches;
+  Status before_recovery_status;
   Status begin_status;
   Status end_status;
   std::optional<Fault> after_create_session_fault;
@@ -608,9 +613,10 @@ TEST_P(MonitoredSessionRecoveryTest, RecreatesTheSessionCallsAfterCreateSessionA
   if (c.where != Where::kBeforeRun) failed_attempt.push_back("step 4");
   if (c.where == Where::kAfterRun) failed_attempt.push_back("a.after_run 4");
   CallLog expected = failed_attempt;
-  for (const char* call :
-       {"create_session -> 2", "a.after_create_session 2", "b.after_create_session 2",
-        "a.before_run 3", "b.before_run 3", "step 3", "a.after_run 3", "b.after_run 3"}) {
+  // Every hook finishes what it has in flight before the creator restores.
+  for (const char* call : {"a.before_recovery", "b.before_recovery", "create_session -> 2",
+                           "a.after_create_session 2", "b.after_create_session 2", "a.before_run 3",
+                           "b.before_run 3", "step 3", "a.after_run 3", "b.after_run 3"}) {
     expected.push_back(call);
   }
   EXPECT_EQ(log_, expected);
@@ -650,6 +656,24 @@ TEST_F(MonitoredSessionTest, CreateCallsBeginThenTheCreatorThenAfterCreateSessio
                                 "a.after_create_session 7", "b.after_create_session 7"));
   EXPECT_EQ((*session)->global_step(), 7);
   EXPECT_EQ((*session)->recoveries(), 0);
+}
+
+TEST_F(MonitoredSessionTest, AFailedBeforeRecoveryIsLoggedAndTheRecoveryGoesOn) {
+  LogCapture logs;
+  auto session = MakeSession(/*restored=*/1);
+  ASSERT_NE(session, nullptr);
+  a_.before_recovery_status = Status::IOError("draining failed");
+  StepFn step = FaultyStep(&log_, Fault{2, Preemption(StatusCode::kUnavailable, "step 2"), 1});
+  ASSERT_TRUE(session->run(step).ok());
+  ASSERT_TRUE(session->run(step).ok());  // pre-empted, recovered at 1, step 2 retried
+  EXPECT_EQ(session->global_step(), 2);
+  EXPECT_EQ(session->recoveries(), 1);
+  EXPECT_EQ(Count(log_, "b.before_recovery"), 1u);
+  bool logged = false;
+  for (const std::string& line : logs.lines()) {
+    logged = logged || line.find("draining failed") != std::string::npos;
+  }
+  EXPECT_TRUE(logged);
 }
 
 TEST_F(MonitoredSessionTest, OtherErrorsAreNotRecovered) {
@@ -756,12 +780,14 @@ TEST_F(MonitoredSessionTest, PreemptionWhileRecreatingIsRetriedWithinTheBound) {
   EXPECT_EQ(session->global_step(), 6);
   EXPECT_EQ(session->recoveries(), 1);
   EXPECT_EQ(creator_.calls, 4);
-  EXPECT_THAT(log_,
-              ElementsAre("a.before_run 1", "b.before_run 1", "step 1",
-                          "create_session failed: Unavailable: restore pre-empted",
-                          "create_session -> 5", "a.after_create_session 5", "create_session -> 5",
-                          "a.after_create_session 5", "b.after_create_session 5", "a.before_run 6",
-                          "b.before_run 6", "step 6", "a.after_run 6", "b.after_run 6"));
+  EXPECT_THAT(
+      log_,
+      ElementsAre("a.before_run 1", "b.before_run 1", "step 1", "a.before_recovery",
+                  "b.before_recovery", "create_session failed: Unavailable: restore pre-empted",
+                  "a.before_recovery", "b.before_recovery", "create_session -> 5",
+                  "a.after_create_session 5", "a.before_recovery", "b.before_recovery",
+                  "create_session -> 5", "a.after_create_session 5", "b.after_create_session 5",
+                  "a.before_run 6", "b.before_run 6", "step 6", "a.after_run 6", "b.after_run 6"));
 }
 
 TEST_F(MonitoredSessionTest, AFailureWhileRecreatingThatIsNoPreemptionFailsTheSession) {
@@ -789,8 +815,9 @@ TEST_F(MonitoredSessionTest, CreateRetriesAPreemptedFirstSession) {
   creator.results = {Status::Unavailable("not yet")};
   auto session = MonitoredSession::Create({&a_}, &creator);
   ASSERT_TRUE(session.ok()) << session.status().ToString();
-  EXPECT_THAT(log_, ElementsAre("a.begin", "create_session failed: Unavailable: not yet",
-                                "create_session -> 7", "a.after_create_session 7"));
+  EXPECT_THAT(log_,
+              ElementsAre("a.begin", "create_session failed: Unavailable: not yet",
+                          "a.before_recovery", "create_session -> 7", "a.after_create_session 7"));
   EXPECT_EQ((*session)->global_step(), 7);
   EXPECT_EQ((*session)->recoveries(), 1);
 }
@@ -831,9 +858,10 @@ TEST_F(MonitoredSessionTest, AStopRequestedOnTheSessionDuringAFailedAttemptEndsA
   EXPECT_TRUE(session->should_stop());
   EXPECT_EQ(session->global_step(), 1);
   EXPECT_TRUE(session->close().ok());
-  EXPECT_THAT(log_, ElementsAre("a.before_run 3", "b.before_run 3", "create_session -> 1",
-                                "a.after_create_session 1", "b.after_create_session 1", "a.end 1",
-                                "b.end 1"));
+  EXPECT_THAT(log_,
+              ElementsAre("a.before_run 3", "b.before_run 3", "a.before_recovery",
+                          "b.before_recovery", "create_session -> 1", "a.after_create_session 1",
+                          "b.after_create_session 1", "a.end 1", "b.end 1"));
 }
 
 TEST_F(MonitoredSessionTest, AStopAHookRequestedDuringAFailedAttemptIsDroppedWithIt) {

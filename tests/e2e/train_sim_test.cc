@@ -509,6 +509,10 @@ TEST_F(TrainSimTest, PreemptedRunRecoversAndEndsInTheStateOfAStraightRun) {
     EXPECT_EQ(run.metrics["recoveries"], 2);
     EXPECT_EQ(CountLines(run.err, "simulated pre-emption at step"), 2u) << run.err;
     EXPECT_EQ(CountLines(run.err, "recovered; the session goes on from step"), 2u) << run.err;
+    // Saves every 4 steps: the saves of steps 12 and 24 were still in flight when steps 13 and
+    // 27 were pre-empted, and each recovery waits for them before it restores.
+    EXPECT_EQ(CountLines(run.err, "the session goes on from step 12\n"), 1u) << run.err;
+    EXPECT_EQ(CountLines(run.err, "the session goes on from step 24\n"), 1u) << run.err;
     EXPECT_NE(run.out.find("recoveries         2"), std::string::npos) << run.out;
     EXPECT_EQ(run.metrics["start_step"], 0);
     EXPECT_EQ(run.metrics["final_step"], 40);

@@ -303,7 +303,7 @@ TEST_F(SaverStorageTest, RetentionFailureIsNotASaveFailureAndTheNextStartRuns) {
     SCOPED_TRACE("run " + std::to_string(run));
     auto hook = CheckpointSaverHook::Create(Options(1, &injected), &registry);
     ASSERT_TRUE(hook.ok()) << hook.status().ToString();
-    auto session = MonitoredSession::Create({hook->get()});
+    auto session = SingularMonitoredSession::Create({hook->get()});
     ASSERT_TRUE(session.ok()) << session.status().ToString();
     const int64_t last = 3 * (run + 1);
     const Status status = (*session)->run_until(last, [](StepContext&) { return Status::OK(); });
