@@ -466,6 +466,8 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
   return Status::OK();
 }
 
+// Per-save figures (medians, ratios) come from the saver's window of recent saves
+// (kSaverTotalsWindow); totals and maxima from its running totals, exact over every save.
 std::vector<double> BlockedPerSave(const SaverTotals& totals) {
   std::vector<double> blocked;
   for (const auto& save : totals.saves) blocked.push_back(save.blocked_seconds);
@@ -500,8 +502,7 @@ std::string Hex(uint64_t value) {
 void PrintSummary(const TrainSimConfig& config, const RunSummary& s, uint64_t state_bytes) {
   const SaverTotals& t = s.totals;
   const int64_t saves = t.saves_committed;
-  double save_seconds = 0;
-  for (const auto& save : t.saves) save_seconds += save.seconds_to_durable;
+  const double save_seconds = t.seconds_to_durable_total;
   std::printf("\n== train-sim summary ==\n");
   std::printf("steps              %" PRId64 " (from step %" PRId64 " to %" PRId64 ") in %.2f s\n",
               s.final_step - s.start_step, s.start_step, s.final_step, s.wall_seconds);
@@ -546,7 +547,7 @@ void PrintSummary(const TrainSimConfig& config, const RunSummary& s, uint64_t st
 
 Status WriteMetricsJson(const TrainSimConfig& config, const RunSummary& s, uint64_t state_bytes) {
   const SaverTotals& t = s.totals;
-  double save_seconds = 0;
+  const double save_seconds = t.seconds_to_durable_total;
   JsonWriter json;
   json.begin_object();
   json.field("saver", config.saver_kind);
@@ -578,9 +579,13 @@ Status WriteMetricsJson(const TrainSimConfig& config, const RunSummary& s, uint6
   json.field("compression_ratio",
              t.bytes_stored ? double(t.bytes_raw) / double(t.bytes_stored) : 1.0);
   json.field("staging_high_water_bytes", t.staging_high_water_bytes);
+  json.field("seconds_to_durable_total", t.seconds_to_durable_total);
+  json.field("seconds_to_durable_max", t.seconds_to_durable_max);
+  json.key("chunks_by_codec").begin_object();
+  for (const auto& [k, v] : t.chunks_by_codec) json.field(k, v);
+  json.end_object();
   json.key("saves").begin_array();
   for (const auto& save : t.saves) {
-    save_seconds += save.seconds_to_durable;
     json.begin_object();
     json.field("step", save.step);
     json.field("path", save.path);

@@ -58,7 +58,8 @@ struct SaverStorage {
 bool NotifyAfterSave(const std::vector<CheckpointSaverListener*>& listeners, int64_t step,
                      const SaveStats& stats);
 
-/// Adds one finished save to the totals.
+/// Adds one finished save to the running totals and to the window of recent saves, dropping the
+/// oldest save beyond kSaverTotalsWindow.
 void AddToTotals(const SaveStats& stats, SaverTotals* totals);
 
 /// Seconds since `start` on the steady clock.
