@@ -479,7 +479,7 @@ TEST_F(TrainSimTest, FourKiBChunksKeepTheCheckpointNearTheStatesSize) {
 TEST_F(TrainSimTest, AnAllocationFailureIsAClearErrorAndExitOneNotAnAbort) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "sanitizer runtimes cannot start under an address-space limit";
-#else
+#endif
   const std::string command =
       "ulimit -v 1048576 && exec '" + testing_support::CliPath() +
       "' train-sim --quiet --steps 1 --model_bytes 2GiB --memcpy_yardstick false "
@@ -491,7 +491,6 @@ TEST_F(TrainSimTest, AnAllocationFailureIsAClearErrorAndExitOneNotAnAbort) {
   EXPECT_EQ(WEXITSTATUS(status), 1) << err;
   EXPECT_NE(err.find("asyncckpt train-sim: out of memory"), std::string::npos) << err;
   EXPECT_EQ(err.find("terminate called"), std::string::npos) << err;
-#endif
 }
 
 // ---- resume ------------------------------------------------------------------------------------
