@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 #include <xtensor/xarray.hpp>
@@ -56,10 +58,23 @@ struct VerifyReport {
 /// Reads a committed checkpoint. Trusts nothing on disk: every size and offset in the index is
 /// bounded before any allocation or read, and every chunk is checksummed when read.
 /// Thread-safe for concurrent reads.
+///
+/// Memory bound: Open() accepts only an index whose chunks lie inside their data files without
+/// sharing a byte, and whose every chunk claims at most 1 GiB and at most what its stored bytes
+/// can decode to (raw: exactly its stored bytes; zstd and shuffle+zstd: 32768 raw bytes per
+/// stored byte, docs/format.md). So a tensor's claimed size, the most read_xarray() allocates
+/// for it, is at most 32768 times the stored bytes of its chunks, and all tensors together at
+/// most 32768 times the data files' real sizes. Open() itself allocates at most the index's real
+/// size (at most 1 GiB) plus its parsed form; reads add per-thread scratch of at most one group
+/// of stored bytes (32 MiB, or one chunk's) and one chunk's raw bytes (1 GiB at most).
+///
+/// No exception crosses this API: a failed allocation is ResourceExhausted naming the tensor
+/// (or the index) and the bytes it needed, anything else thrown inside is Internal.
 class CheckpointReader {
  public:
   /// Opens the checkpoint directory at `path` (e.g. /ckpt/model.ckpt-1000) and validates its
-  /// index. NotFound, Corruption (naming the file and what is wrong) or IOError.
+  /// index. NotFound, Corruption (naming the file and what is wrong), IOError, or
+  /// ResourceExhausted when the index does not fit in memory.
   static Result<std::unique_ptr<CheckpointReader>> Open(const std::string& path,
                                                         const ReaderOptions& options = {});
   /// Opens LatestCheckpoint(dir).
@@ -79,15 +94,17 @@ class CheckpointReader {
   virtual uint32_t num_data_files() const = 0;
 
   /// Reads tensor `name` into host memory `dst` of `dst_bytes` (must equal the tensor's size),
-  /// verifying every chunk's checksum.
+  /// verifying every chunk's checksum. ResourceExhausted when scratch memory runs out.
   virtual Status read(const std::string& name, void* dst, size_t dst_bytes) = 0;
   /// Restores every tensor of `registry` from the checkpoint: names, dtypes and shapes must
   /// match; device tensors are written through their device.
   virtual Status restore(const TensorRegistry& registry) = 0;
-  /// Reads, decodes and checksums every chunk; the report lists all damage found.
+  /// Reads, decodes and checksums every chunk; the report lists all damage found (and a chunk
+  /// that could not be checked for want of memory, as a problem).
   virtual VerifyReport verify() = 0;
 
-  /// Reads tensor `name` into an xtensor array; InvalidArgument when T does not match its dtype.
+  /// Reads tensor `name` into an xtensor array; InvalidArgument when T does not match its dtype,
+  /// ResourceExhausted (naming the tensor and its size) when the array cannot be allocated.
   template <typename T>
   Result<xt::xarray<T>> read_xarray(const std::string& name);
 };
@@ -102,11 +119,24 @@ Result<xt::xarray<T>> CheckpointReader::read_xarray(const std::string& name) {
                                    std::string(DTypeName(info->dtype)) +
                                    ", which does not match the requested element type");
   }
-  std::vector<size_t> shape(info->shape.begin(), info->shape.end());
-  xt::xarray<T> out(shape);
-  Status status = read(name, out.data(), out.size() * sizeof(T));
-  if (!status.ok()) return status;
-  return out;
+  try {
+    std::vector<size_t> shape(info->shape.begin(), info->shape.end());
+    xt::xarray<T> out(shape);
+    Status status = read(name, out.data(), out.size() * sizeof(T));
+    if (!status.ok()) return status;
+    return out;
+  } catch (const std::exception& e) {
+    const bool no_memory = dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
+                           dynamic_cast<const std::length_error*>(&e) != nullptr;
+    try {
+      const std::string what =
+          "tensor '" + name + "' of " + std::to_string(info->bytes) + " bytes from " + path();
+      if (no_memory) return Status::ResourceExhausted("out of memory for " + what);
+      return Status::Internal("reading " + what + ": " + e.what());
+    } catch (...) {
+      return Status::ResourceExhausted("out of memory");  // short enough to need no allocation
+    }
+  }
 }
 
 }  // namespace asyncckpt

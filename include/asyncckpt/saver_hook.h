@@ -1,6 +1,8 @@
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -139,7 +141,12 @@ class CheckpointSaverListener {
   virtual void end(int64_t step) { (void)step; }
 };
 
-/// Totals over a hook's life.
+/// Most recent saves SaverTotals::saves keeps. Older saves live on only in SaverTotals' running
+/// totals, so that a job saving every step for weeks holds bounded memory (a SaveStats is about
+/// half a KiB).
+inline constexpr size_t kSaverTotalsWindow = 1000;
+
+/// Totals over a hook's life: exact running totals over every save, and the most recent saves.
 struct SaverTotals {
   /// Saves that committed.
   int64_t saves_committed = 0;
@@ -151,10 +158,16 @@ struct SaverTotals {
   double blocked_seconds_total = 0;
   /// Longest single block of the training thread by one save.
   double blocked_seconds_max = 0;
-  /// Bytes of tensor data saved and bytes written.
+  /// Bytes of tensor data saved, over committed saves.
   uint64_t bytes_raw = 0;
-  /// Bytes written to data files.
+  /// Bytes written to data files, over committed saves.
   uint64_t bytes_stored = 0;
+  /// Sum of seconds_to_durable over committed saves (bytes_raw over it is the save throughput).
+  double seconds_to_durable_total = 0;
+  /// Longest seconds_to_durable of a committed save.
+  double seconds_to_durable_max = 0;
+  /// Chunks written per codec name, over committed saves.
+  std::map<std::string, uint64_t> chunks_by_codec;
   /// Most pinned staging memory in use at once.
   uint64_t staging_high_water_bytes = 0;
   /// Entries removed at begin(): temporaries of interrupted saves and deletions, and
@@ -164,8 +177,9 @@ struct SaverTotals {
   /// Old checkpoints that retention dropped but could not delete (each logged; the saves that
   /// dropped them still count as committed, and the next start retries).
   int64_t retention_failures = 0;
-  /// Every save's stats, in step order.
-  std::vector<SaveStats> saves;
+  /// The stats of the most recent saves, committed or failed (at most kSaverTotalsWindow), in
+  /// the order they finished (step order), oldest first.
+  std::deque<SaveStats> saves;
 };
 
 /// Saves the registry on the training thread (the baseline the asynchronous hook must beat):

@@ -2,6 +2,8 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -22,17 +24,17 @@ std::optional<ParsedFlags> ParseOrExit(const std::string& usage, const std::vect
   if (!flags.ok()) {
     if (flags.status().code() == StatusCode::kCancelled) {
       std::fputs(FlagsHelp(usage, specs).c_str(), stdout);
-      *exit_code = 0;
+      *exit_code = kExitOk;
     } else {
       std::fprintf(stderr, "asyncckpt: %s\n", flags.status().message().c_str());
-      *exit_code = 2;
+      *exit_code = kExitUsage;
     }
     return std::nullopt;
   }
   if (flags->positional().size() != positional) {
     std::fprintf(stderr, "asyncckpt: expected %zu argument(s); usage: %s\n", positional,
                  usage.c_str());
-    *exit_code = 2;
+    *exit_code = kExitUsage;
     return std::nullopt;
   }
   return std::move(flags).value();
@@ -46,10 +48,26 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 int Fail(const Status& status) {
   std::fprintf(stderr, "asyncckpt: %s\n", status.ToString().c_str());
-  return 1;
+  return kExitFailed;
 }
 
 }  // namespace
+
+int RunCommand(const char* name, int (*command)(int, char**), int argc, char** argv) noexcept {
+  try {
+    return command(argc, argv);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "asyncckpt %s: out of memory (an allocation failed; lower the sizes the flags "
+                 "ask for, or free memory)\n",
+                 name);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "asyncckpt %s: unexpected error: %s\n", name, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "asyncckpt %s: unexpected error\n", name);
+  }
+  return kExitFailed;
+}
 
 int InspectCommand(int argc, char** argv) {
   const std::vector<FlagSpec> specs = {{"json", "", "print one JSON object", true}};
@@ -102,7 +120,7 @@ int InspectCommand(int argc, char** argv) {
     json.end_array();
     json.end_object();
     std::printf("%s\n", json.str().c_str());
-    return 0;
+    return kExitOk;
   }
   std::printf("checkpoint %s\n  step %" PRId64 ", %zu tensors, %u data files\n",
               (*reader)->path().c_str(), meta.step, (*reader)->tensors().size(),
@@ -119,7 +137,7 @@ int InspectCommand(int argc, char** argv) {
                 std::string(DTypeName(t.dtype)).c_str(), ShapeString(t.shape).c_str(), t.bytes,
                 t.stored_bytes, t.num_chunks);
   }
-  return 0;
+  return kExitOk;
 }
 
 int VerifyCommand(int argc, char** argv) {
@@ -134,11 +152,11 @@ int VerifyCommand(int argc, char** argv) {
   if (!report.problems.empty()) {
     std::fprintf(stderr, "asyncckpt: %s is damaged (%zu problems)\n", (*reader)->path().c_str(),
                  report.problems.size());
-    return 1;
+    return kExitFailed;
   }
   std::printf("%s: OK (%" PRIu64 " chunks, %s verified)\n", (*reader)->path().c_str(),
               report.chunks_checked, FormatBytes(double(report.bytes_checked)).c_str());
-  return 0;
+  return kExitOk;
 }
 
 int LatestCommand(int argc, char** argv) {
@@ -148,7 +166,7 @@ int LatestCommand(int argc, char** argv) {
   auto latest = LatestCheckpoint(flags->positional()[0]);
   if (!latest.ok()) return Fail(latest.status());
   std::printf("%s\n", latest->c_str());
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace asyncckpt::cli

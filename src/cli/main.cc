@@ -15,21 +15,30 @@ constexpr char kUsage[] =
     "  verify PATH       check every chunk of a checkpoint (exit 0 only when all is sound)\n"
     "  latest DIR        print the latest checkpoint named by DIR/checkpoint\n"
     "\n"
-    "`asyncckpt COMMAND --help` describes a command's flags.\n";
+    "`asyncckpt COMMAND --help` describes a command's flags.\n"
+    "\n"
+    "exit status: 0 success, 1 the operation failed (I/O, a damaged or missing checkpoint, a\n"
+    "failed save), 2 bad usage (unknown command or flag, bad value, missing argument).\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  using namespace asyncckpt::cli;
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0 ||
       std::strcmp(argv[1], "help") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
-    return argc < 2 ? 2 : 0;
+    return argc < 2 ? kExitUsage : kExitOk;
   }
   const std::string command = argv[1];
-  if (command == "train-sim") return asyncckpt::cli::TrainSimCommand(argc - 2, argv + 2);
-  if (command == "inspect") return asyncckpt::cli::InspectCommand(argc - 2, argv + 2);
-  if (command == "verify") return asyncckpt::cli::VerifyCommand(argc - 2, argv + 2);
-  if (command == "latest") return asyncckpt::cli::LatestCommand(argc - 2, argv + 2);
-  std::fprintf(stderr, "asyncckpt: unknown command '%s' (try asyncckpt --help)\n", command.c_str());
-  return 2;
+  int (*run)(int, char**) = nullptr;
+  if (command == "train-sim") run = TrainSimCommand;
+  if (command == "inspect") run = InspectCommand;
+  if (command == "verify") run = VerifyCommand;
+  if (command == "latest") run = LatestCommand;
+  if (run == nullptr) {
+    std::fprintf(stderr, "asyncckpt: unknown command '%s' (try asyncckpt --help)\n",
+                 command.c_str());
+    return kExitUsage;
+  }
+  return RunCommand(argv[1], run, argc - 2, argv + 2);
 }

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -31,6 +32,7 @@
 #include "src/cli/flags.h"
 #include "src/cli/json.h"
 #include "src/cli/memcpy_yardstick.h"
+#include "src/cli/memory_budget.h"
 #include "src/cli/sim_model.h"
 #include "src/util/status_macros.h"
 
@@ -47,7 +49,8 @@ const std::vector<FlagSpec>& TrainSimFlags() {
       {"tensors", "8", "number of parameter tensors"},
       {"dtype", "f32", "element type: f32, f64 or bf16"},
       {"optimizer", "adam", "sgd (parameters only) or adam (parameters + two moments)"},
-      {"step_ms", "0", "extra simulated accelerator time per step, in milliseconds"},
+      {"step_ms", "0",
+       "extra simulated accelerator time per step, in milliseconds (at most 3600000, one hour)"},
       {"save_steps", "", "save every N steps (default 50 when --save_secs is not given)"},
       {"save_secs", "", "save every N seconds"},
       {"checkpoint_dir", "", "where checkpoints go (default: a new directory under $TMPDIR)"},
@@ -55,7 +58,7 @@ const std::vector<FlagSpec>& TrainSimFlags() {
       {"keep_checkpoint_every_n_hours", "0", "also keep one checkpoint every N hours"},
       {"compression", "shuffle+zstd", "none, zstd or shuffle+zstd"},
       {"compression_level", "1", "zstd level"},
-      {"chunk_bytes", "4MiB", "chunk size"},
+      {"chunk_bytes", "4MiB", "chunk size, 4KiB to 1GiB"},
       {"num_data_files", "2", "data files per checkpoint"},
       {"saver", "async", "async (background flow graph) or sync (saves on the training thread)"},
       {"staging_bytes", "0", "async: pinned staging budget (0 = one full snapshot)"},
@@ -88,6 +91,9 @@ const std::vector<FlagSpec>& TrainSimFlags() {
       {"memcpy_yardstick", "true",
        "time a plain parallel memcpy of the state just before each save (needs a second copy "
        "of the state in memory)"},
+      {"max_memory", "",
+       "memory train-sim may plan for (default: what the machine has available, MemAvailable "
+       "or the cgroup's limit)"},
   };
   return specs;
 }
@@ -106,6 +112,7 @@ struct TrainSimConfig {
   bool quiet = false;
   bool memcpy_yardstick = true;
   bool dir_was_given = false;
+  std::optional<uint64_t> max_memory;  // --max_memory; unset: what the machine has
   std::string dataset;
   uint64_t dataset_records = 0;
   uint32_t record_bytes = 0;
@@ -115,10 +122,22 @@ struct TrainSimConfig {
   std::set<int64_t> preempt_at_steps;
 };
 
-Status CheckRange(const char* flag, int64_t value, int64_t low, int64_t high) {
-  if (value >= low && value <= high) return Status::OK();
-  return Status::InvalidArgument("--" + std::string(flag) + " must be in [" + std::to_string(low) +
-                                 ", " + std::to_string(high) + "], got " + std::to_string(value));
+// Longest simulated accelerator time per step: one hour. A step of 1e15 ms would sleep for 30
+// million years, and no test or benchmark needs more than seconds.
+constexpr double kMaxStepMs = 3600.0 * 1000;
+// Smallest chunk: every chunk takes at least one 4 KiB page of pinned staging and, under
+// O_DIRECT, starts on a 4 KiB boundary of its data file, so smaller chunks pad each one to 4 KiB
+// (--chunk_bytes 1 turned a 64 KiB state into a 66 MB checkpoint).
+constexpr uint64_t kMinChunkBytes = 4096;
+constexpr uint64_t kMaxChunkBytes = 1ull << 30;
+constexpr uint64_t kPageBytes = 4096;
+
+// "--name must be <rule>, got 'text'": the value exactly as the user gave it, never a clamped
+// or re-printed one.
+Status BadValue(const ParsedFlags& flags, const std::string& name, const std::string& rule,
+                const std::string& why = "") {
+  return Status::InvalidArgument("--" + name + " must be " + rule + ", got '" + flags.get(name) +
+                                 "'" + (why.empty() ? "" : ": " + why));
 }
 
 // "37,81" -> {37, 81}; InvalidArgument quoting the flag's value for anything but steps >= 1.
@@ -141,13 +160,74 @@ Result<std::set<int64_t>> ParseSteps(const char* flag, const std::string& text) 
   }
 }
 
-Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
-  TrainSimConfig config;
-  ASSIGN_OR_RETURN(config.steps, flags.get_int("steps"));
-  if (config.steps < 0) return Status::InvalidArgument("--steps must be >= 0");
+std::string RangeRule(int64_t low, int64_t high) {
+  if (high == INT64_MAX) return ">= " + std::to_string(low);
+  return "in [" + std::to_string(low) + ", " + std::to_string(high) + "]";
+}
+
+// An integer flag within [low, high].
+Result<int64_t> IntFlag(const ParsedFlags& flags, const std::string& name, int64_t low,
+                        int64_t high) {
+  ASSIGN_OR_RETURN(int64_t value, flags.get_int(name));
+  if (value < low || value > high) return BadValue(flags, name, RangeRule(low, high));
+  return value;
+}
+
+// A number flag within [low, high] (`rule` says so in words).
+Result<double> DoubleFlag(const ParsedFlags& flags, const std::string& name, double low,
+                          double high, const std::string& rule) {
+  ASSIGN_OR_RETURN(double value, flags.get_double(name));
+  if (!(value >= low && value <= high)) return BadValue(flags, name, rule);
+  return value;
+}
+
+// "--name text", as the user gave it (or the default), for messages.
+std::string Given(const ParsedFlags& flags, const std::string& name) {
+  return "--" + name + " " + flags.get(name);
+}
+
+uint64_t RoundUpToPage(uint64_t bytes) {
+  return bytes > UINT64_MAX - kPageBytes ? UINT64_MAX
+                                         : (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
+}
+
+// a * b + c, saturating at UINT64_MAX: --model_bytes may be as large as 16 EB.
+uint64_t SaturatingMulAdd(uint64_t a, uint64_t b, uint64_t c) {
+  if (b != 0 && a > UINT64_MAX / b) return UINT64_MAX;
+  return a * b > UINT64_MAX - c ? UINT64_MAX : a * b + c;
+}
+
+// How the model's state splits into tensors and chunks (SimModel's and the writer's rules).
+struct StateLayout {
+  uint64_t tensors = 0;       // arrays: parameter tensors times slots (3 for Adam)
+  uint64_t tensor_bytes = 0;  // bytes of each
+  uint64_t chunk_bytes = 0;   // bytes of each full chunk: whole elements, at least one
+  uint64_t state() const { return tensors * tensor_bytes; }
+  // One snapshot in staging: each chunk on its own 4 KiB pages (the engine's staging rule).
+  uint64_t snapshot() const {
+    if (tensor_bytes == 0) return 0;
+    const uint64_t per_tensor =
+        SaturatingMulAdd(tensor_bytes / chunk_bytes, RoundUpToPage(chunk_bytes),
+                         RoundUpToPage(tensor_bytes % chunk_bytes));
+    return SaturatingMulAdd(tensors, per_tensor, 0);
+  }
+  uint64_t largest_chunk() const { return RoundUpToPage(std::min(chunk_bytes, tensor_bytes)); }
+};
+
+StateLayout LayoutOf(const SimConfig& model, uint64_t chunk_bytes) {
+  const uint64_t slots = model.optimizer == Optimizer::kAdam ? 3 : 1;
+  const uint64_t elem = DTypeSize(model.dtype);
+  StateLayout layout;
+  layout.tensors = slots * static_cast<uint64_t>(model.num_tensors);
+  layout.tensor_bytes = model.state_bytes / layout.tensors / elem * elem;
+  layout.chunk_bytes = std::max(elem, chunk_bytes / elem * elem);
+  return layout;
+}
+
+Status CheckModelFlags(const ParsedFlags& flags, TrainSimConfig& config) {
   ASSIGN_OR_RETURN(config.model.state_bytes, flags.get_bytes("model_bytes"));
-  ASSIGN_OR_RETURN(int64_t tensors, flags.get_int("tensors"));
-  config.model.num_tensors = static_cast<int>(std::clamp<int64_t>(tensors, -1, 1 << 30));
+  ASSIGN_OR_RETURN(int64_t tensors, IntFlag(flags, "tensors", 1, 100000));
+  config.model.num_tensors = static_cast<int>(tensors);
   auto dtype = ParseDType(flags.get("dtype"));
   if (!dtype) return Status::InvalidArgument("unknown --dtype '" + flags.get("dtype") + "'");
   config.model.dtype = *dtype;
@@ -160,44 +240,66 @@ Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
     return Status::InvalidArgument("--optimizer must be sgd or adam, not '" + optimizer + "'");
   ASSIGN_OR_RETURN(int64_t seed, flags.get_int("seed"));
   config.model.seed = static_cast<uint64_t>(seed);
-  RETURN_IF_ERROR(ValidateSimConfig(config.model));
-  ASSIGN_OR_RETURN(config.step_ms, flags.get_double("step_ms"));
-  if (config.step_ms < 0) return Status::InvalidArgument("--step_ms must be >= 0");
+  const StateLayout layout = LayoutOf(config.model, 1);
+  if (layout.tensor_bytes == 0) {
+    return Status::InvalidArgument(
+        "--model_bytes '" + flags.get("model_bytes") + "' is too small for " +
+        std::to_string(layout.tensors) + " tensors (" + Given(flags, "tensors") + ", " +
+        Given(flags, "optimizer") + ") of " + flags.get("dtype") + ": at least " +
+        std::to_string(layout.tensors * DTypeSize(config.model.dtype)) + " bytes");
+  }
+  return ValidateSimConfig(config.model);
+}
 
+Status CheckSaverFlags(const ParsedFlags& flags, TrainSimConfig& config) {
   SaverOptions& saver = config.saver;
   if (flags.has("save_steps")) {
-    ASSIGN_OR_RETURN(saver.save_steps, flags.get_int("save_steps"));
+    ASSIGN_OR_RETURN(saver.save_steps, IntFlag(flags, "save_steps", 1, INT64_MAX));
   }
   if (flags.has("save_secs")) {
-    ASSIGN_OR_RETURN(saver.save_secs, flags.get_double("save_secs"));
+    ASSIGN_OR_RETURN(saver.save_secs,
+                     DoubleFlag(flags, "save_secs", 1e-9, 1e15, "a positive number of seconds"));
   }
   if (!flags.has("save_steps") && !flags.has("save_secs")) saver.save_steps = 50;
-  ASSIGN_OR_RETURN(int64_t max_to_keep, flags.get_int("max_to_keep"));
-  saver.max_to_keep = static_cast<int>(std::clamp<int64_t>(max_to_keep, -1, 1 << 30));
+  ASSIGN_OR_RETURN(int64_t max_to_keep, IntFlag(flags, "max_to_keep", 0, INT32_MAX));
+  saver.max_to_keep = static_cast<int>(max_to_keep);
   // Model and input checkpoints are one state: retention keeps the pairs together.
   saver.paired_input_basename = InputCheckpointBasename(InputPipelineOptions{});
   ASSIGN_OR_RETURN(saver.keep_checkpoint_every_n_hours,
-                   flags.get_double("keep_checkpoint_every_n_hours"));
+                   DoubleFlag(flags, "keep_checkpoint_every_n_hours", 0, 1e12, ">= 0"));
   auto compression = ParseCompressionKind(flags.get("compression"));
   if (!compression) {
     return Status::InvalidArgument("--compression must be none, zstd or shuffle+zstd, not '" +
                                    flags.get("compression") + "'");
   }
   saver.compression.kind = *compression;
-  ASSIGN_OR_RETURN(int64_t level, flags.get_int("compression_level"));
-  saver.compression.level = static_cast<int>(std::clamp<int64_t>(level, -100, 100));
+  ASSIGN_OR_RETURN(int64_t level, IntFlag(flags, "compression_level", -7, 19));
+  saver.compression.level = static_cast<int>(level);
   ASSIGN_OR_RETURN(saver.chunk_bytes, flags.get_bytes("chunk_bytes"));
-  ASSIGN_OR_RETURN(int64_t files, flags.get_int("num_data_files"));
-  saver.num_data_files = static_cast<uint32_t>(std::clamp<int64_t>(files, 0, 1 << 20));
-  saver.user_metadata["job"] = "train-sim";
-  saver.user_metadata["seed"] = std::to_string(config.model.seed);
-  saver.user_metadata["optimizer"] = optimizer;
+  if (saver.chunk_bytes < kMinChunkBytes) {
+    return BadValue(flags, "chunk_bytes", "at least 4KiB",
+                    "every chunk takes at least one 4 KiB page of pinned staging and, under "
+                    "O_DIRECT, of its data file, so smaller chunks are each padded to 4 KiB and "
+                    "multiply the checkpoint's size");
+  }
+  if (saver.chunk_bytes > kMaxChunkBytes) {
+    return BadValue(flags, "chunk_bytes", "at most 1GiB (the format's largest chunk)");
+  }
+  ASSIGN_OR_RETURN(int64_t files, IntFlag(flags, "num_data_files", 1, 4096));
+  saver.num_data_files = static_cast<uint32_t>(files);
   config.saver_kind = flags.get("saver");
   if (config.saver_kind != "sync" && config.saver_kind != "async") {
     return Status::InvalidArgument("--saver must be async or sync, not '" + config.saver_kind +
                                    "'");
   }
   ASSIGN_OR_RETURN(saver.staging_bytes, flags.get_bytes("staging_bytes"));
+  const uint64_t largest_chunk = LayoutOf(config.model, saver.chunk_bytes).largest_chunk();
+  if (saver.staging_bytes != 0 && saver.staging_bytes < largest_chunk) {
+    return BadValue(flags, "staging_bytes",
+                    "0 (one snapshot) or at least one chunk in 4 KiB pages, here " +
+                        std::to_string(largest_chunk) + " bytes (" + Given(flags, "chunk_bytes") +
+                        ")");
+  }
   const std::string on_busy = flags.get("on_busy");
   if (on_busy != "wait" && on_busy != "skip") {
     return Status::InvalidArgument("--on_busy must be wait or skip, not '" + on_busy + "'");
@@ -208,28 +310,30 @@ Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
     return Status::InvalidArgument("--on_error must be stop or continue, not '" + on_error + "'");
   }
   saver.on_error = on_error == "continue" ? OnError::kContinue : OnError::kStop;
-  ASSIGN_OR_RETURN(int64_t threads, flags.get_int("background_threads"));
-  if (threads < 0) return Status::InvalidArgument("--background_threads must be >= 0");
-  saver.background_threads = static_cast<unsigned>(std::min<int64_t>(threads, 1 << 20));
+  ASSIGN_OR_RETURN(int64_t threads, IntFlag(flags, "background_threads", 0, 1024));
+  saver.background_threads = static_cast<unsigned>(threads);
   const std::string io = flags.get("io");
   if (io != "auto" && io != "uring" && io != "posix") {
     return Status::InvalidArgument("--io must be auto, uring or posix, not '" + io + "'");
   }
   saver.force_posix_io = io == "posix";
   ASSIGN_OR_RETURN(saver.use_o_direct, flags.get_bool("o_direct"));
+  saver.user_metadata["job"] = "train-sim";
+  saver.user_metadata["seed"] = std::to_string(config.model.seed);
+  saver.user_metadata["optimizer"] = flags.get("optimizer");
+  config.dir_was_given = flags.has("checkpoint_dir");
+  saver.checkpoint_dir = flags.get("checkpoint_dir");
+  return Status::OK();
+}
+
+Status CheckInputFlags(const ParsedFlags& flags, TrainSimConfig& config) {
   config.dataset = flags.get("dataset");
-  ASSIGN_OR_RETURN(int64_t records, flags.get_int("dataset_records"));
-  ASSIGN_OR_RETURN(int64_t record_bytes, flags.get_int("record_bytes"));
-  ASSIGN_OR_RETURN(int64_t batch, flags.get_int("batch_size"));
-  ASSIGN_OR_RETURN(int64_t shuffle, flags.get_int("shuffle_buffer"));
-  ASSIGN_OR_RETURN(int64_t prefetch, flags.get_int("prefetch"));
-  ASSIGN_OR_RETURN(config.input.epochs, flags.get_int("epochs"));
-  RETURN_IF_ERROR(CheckRange("dataset_records", records, 1, int64_t{1} << 40));
-  RETURN_IF_ERROR(CheckRange("record_bytes", record_bytes, 1, 1 << 20));
-  RETURN_IF_ERROR(CheckRange("batch_size", batch, 1, 1 << 20));
-  RETURN_IF_ERROR(CheckRange("shuffle_buffer", shuffle, 1, 1 << 24));
-  RETURN_IF_ERROR(CheckRange("prefetch", prefetch, 1, 1 << 20));
-  RETURN_IF_ERROR(CheckRange("epochs", config.input.epochs, -1, int64_t{1} << 40));
+  ASSIGN_OR_RETURN(int64_t records, IntFlag(flags, "dataset_records", 1, int64_t{1} << 40));
+  ASSIGN_OR_RETURN(int64_t record_bytes, IntFlag(flags, "record_bytes", 1, 1 << 20));
+  ASSIGN_OR_RETURN(int64_t batch, IntFlag(flags, "batch_size", 1, 1 << 20));
+  ASSIGN_OR_RETURN(int64_t shuffle, IntFlag(flags, "shuffle_buffer", 1, 1 << 24));
+  ASSIGN_OR_RETURN(int64_t prefetch, IntFlag(flags, "prefetch", 1, 1 << 20));
+  ASSIGN_OR_RETURN(config.input.epochs, IntFlag(flags, "epochs", -1, int64_t{1} << 40));
   config.dataset_records = static_cast<uint64_t>(records);
   config.record_bytes = static_cast<uint32_t>(record_bytes);
   config.batch_size = static_cast<size_t>(batch);
@@ -239,13 +343,113 @@ Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
   config.allow_fresh_start = flags.get_switch("allow_fresh_start");
   ASSIGN_OR_RETURN(config.preempt_at_steps,
                    ParseSteps("preempt_at_steps", flags.get("preempt_at_steps")));
+  return Status::OK();
+}
+
+// Every flag checked, each message quoting the value as given: InvalidArgument (exit 2).
+Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
+  TrainSimConfig config;
+  ASSIGN_OR_RETURN(config.steps, IntFlag(flags, "steps", 0, INT64_MAX));
+  RETURN_IF_ERROR(CheckModelFlags(flags, config));
+  ASSIGN_OR_RETURN(config.step_ms, DoubleFlag(flags, "step_ms", 0, kMaxStepMs,
+                                              "in [0, 3600000] (at most one hour per step)"));
+  RETURN_IF_ERROR(CheckSaverFlags(flags, config));
+  RETURN_IF_ERROR(CheckInputFlags(flags, config));
   config.metrics_json = flags.get("metrics_json");
   config.verify = flags.get_switch("verify");
   config.quiet = flags.get_switch("quiet");
   ASSIGN_OR_RETURN(config.memcpy_yardstick, flags.get_bool("memcpy_yardstick"));
-  config.dir_was_given = flags.has("checkpoint_dir");
-  saver.checkpoint_dir = flags.get("checkpoint_dir");
+  if (flags.has("max_memory")) {
+    ASSIGN_OR_RETURN(config.max_memory, flags.get_bytes("max_memory"));
+  }
+  // The saver's own checks, as a backstop for anything the flags above let through.
+  SaverOptions probe = config.saver;
+  if (probe.checkpoint_dir.empty()) probe.checkpoint_dir = "/tmp";
+  RETURN_IF_ERROR(ValidateSaverOptions(probe));
   return config;
+}
+
+// The dataset train-sim will read: its record size and where that figure comes from. An
+// existing regular file is opened to read its header; otherwise it will be generated from the
+// flags.
+std::pair<uint64_t, std::string> DatasetRecordBytes(const ParsedFlags& flags,
+                                                    const TrainSimConfig& config) {
+  std::string path = config.dataset;
+  if (path.empty() && config.dir_was_given) {
+    path = config.saver.checkpoint_dir + "/train-sim-dataset.bin";
+  }
+  std::error_code ec;
+  if (!path.empty() && std::filesystem::is_regular_file(path, ec)) {
+    RecordDatasetOptions probe;
+    probe.path = path;
+    probe.shuffle_buffer = 1;
+    probe.prefetch = 1;
+    if (auto dataset = RecordDatasetIterator::Open(probe); dataset.ok()) {
+      return {(*dataset)->record_bytes(),
+              "records of " + std::to_string((*dataset)->record_bytes()) + " bytes in " + path};
+    }
+  }
+  return {config.record_bytes, Given(flags, "record_bytes")};
+}
+
+// A staging budget that would fit in `room`, as a flag value (whole MiB, at most the snapshot);
+// empty when not even the largest chunk fits.
+std::string StagingThatFits(uint64_t room, const StateLayout& layout) {
+  const uint64_t budget = std::min(room, layout.snapshot()) / (1 << 20) * (1 << 20);
+  if (budget == 0 || budget < layout.largest_chunk()) return "";
+  return std::to_string(budget >> 20) + "MiB";
+}
+
+// How to make the plan fit, when dropping the yardstick or staging less would.
+std::string MemoryHint(const TrainSimConfig& config, const StateLayout& layout, uint64_t fixed,
+                       uint64_t staging, uint64_t available) {
+  if (fixed > available) return "the state and the input buffers alone need more than that";
+  const uint64_t room = available - fixed;
+  const uint64_t yardstick = config.memcpy_yardstick ? layout.state() : 0;
+  if (yardstick != 0 && staging <= room) return "--memcpy_yardstick false would make it fit";
+  if (config.saver_kind != "async") return "";
+  if (yardstick <= room) {
+    const std::string fits = StagingThatFits(room - yardstick, layout);
+    if (!fits.empty()) return "--staging_bytes " + fits + " would make it fit";
+  }
+  const std::string fits = StagingThatFits(room, layout);
+  if (yardstick != 0 && !fits.empty()) {
+    return "--memcpy_yardstick false and --staging_bytes " + fits + " would make it fit";
+  }
+  return "";
+}
+
+// Checks the memory the run will hold against what the machine has (or --max_memory), before
+// anything is allocated: InvalidArgument naming the flags as given (exit 2).
+Status CheckMemory(const ParsedFlags& flags, const TrainSimConfig& config) {
+  const StateLayout layout = LayoutOf(config.model, config.saver.chunk_bytes);
+  const uint64_t staging = config.saver_kind != "async"      ? 0
+                           : config.saver.staging_bytes != 0 ? config.saver.staging_bytes
+                                                             : layout.snapshot();
+  const auto [record_bytes, records_from] = DatasetRecordBytes(flags, config);
+  // The shuffle buffer and prefetch queue held live, again in the input checkpoint's saved state
+  // and again in its staging; and one batch.
+  const uint64_t held = config.input.shuffle_buffer + config.input.prefetch + 1;
+  const uint64_t input = record_bytes * (3 * held + config.batch_size);
+  // Each part names the flags that size it: the state, one snapshot of staging and the
+  // yardstick's copy all grow with --model_bytes.
+  const std::string model_bytes = Given(flags, "model_bytes");
+  const bool explicit_staging = config.saver.staging_bytes != 0;
+  const std::vector<MemoryPart> parts = {
+      {"state", model_bytes, layout.state()},
+      {explicit_staging ? "pinned staging" : "pinned staging of one snapshot",
+       explicit_staging ? Given(flags, "staging_bytes") : model_bytes, staging},
+      {"memcpy yardstick copy", model_bytes, config.memcpy_yardstick ? layout.state() : 0},
+      {"input buffers",
+       Given(flags, "shuffle_buffer") + " and " + Given(flags, "prefetch") + " with " +
+           records_from,
+       input},
+  };
+  AvailableMemory available = MachineAvailableMemory();
+  if (config.max_memory) available = {*config.max_memory, Given(flags, "max_memory")};
+  return CheckMemoryFits(
+      parts, available,
+      MemoryHint(config, layout, TotalBytes({parts[0], parts[3]}), staging, available.bytes));
 }
 
 Result<std::string> MakeTempCheckpointDir() {
@@ -511,6 +715,8 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
   return Status::OK();
 }
 
+// Per-save figures (medians, ratios) come from the saver's window of recent saves
+// (kSaverTotalsWindow); totals and maxima from its running totals, exact over every save.
 std::vector<double> BlockedPerSave(const SaverTotals& totals) {
   std::vector<double> blocked;
   for (const auto& save : totals.saves) blocked.push_back(save.blocked_seconds);
@@ -545,8 +751,7 @@ std::string Hex(uint64_t value) {
 void PrintSummary(const TrainSimConfig& config, const RunSummary& s, uint64_t state_bytes) {
   const SaverTotals& t = s.totals;
   const int64_t saves = t.saves_committed;
-  double save_seconds = 0;
-  for (const auto& save : t.saves) save_seconds += save.seconds_to_durable;
+  const double save_seconds = t.seconds_to_durable_total;
   std::printf("\n== train-sim summary ==\n");
   std::printf("steps              %" PRId64 " (from step %" PRId64 " to %" PRId64 ") in %.2f s\n",
               s.final_step - s.start_step, s.start_step, s.final_step, s.wall_seconds);
@@ -593,7 +798,7 @@ void PrintSummary(const TrainSimConfig& config, const RunSummary& s, uint64_t st
 
 Status WriteMetricsJson(const TrainSimConfig& config, const RunSummary& s, uint64_t state_bytes) {
   const SaverTotals& t = s.totals;
-  double save_seconds = 0;
+  const double save_seconds = t.seconds_to_durable_total;
   JsonWriter json;
   json.begin_object();
   json.field("saver", config.saver_kind);
@@ -626,9 +831,13 @@ Status WriteMetricsJson(const TrainSimConfig& config, const RunSummary& s, uint6
   json.field("compression_ratio",
              t.bytes_stored ? double(t.bytes_raw) / double(t.bytes_stored) : 1.0);
   json.field("staging_high_water_bytes", t.staging_high_water_bytes);
+  json.field("seconds_to_durable_total", t.seconds_to_durable_total);
+  json.field("seconds_to_durable_max", t.seconds_to_durable_max);
+  json.key("chunks_by_codec").begin_object();
+  for (const auto& [k, v] : t.chunks_by_codec) json.field(k, v);
+  json.end_object();
   json.key("saves").begin_array();
   for (const auto& save : t.saves) {
-    save_seconds += save.seconds_to_durable;
     json.begin_object();
     json.field("step", save.step);
     json.field("path", save.path);
@@ -671,45 +880,38 @@ int TrainSimCommand(int argc, char** argv) {
   if (!flags.ok()) {
     if (flags.status().code() == StatusCode::kCancelled) {
       std::fputs(FlagsHelp(kUsage, TrainSimFlags()).c_str(), stdout);
-      return 0;
+      return kExitOk;
     }
     std::fprintf(stderr, "asyncckpt train-sim: %s\n", flags.status().message().c_str());
-    return 2;
+    return kExitUsage;
   }
   if (!flags->positional().empty()) {
     std::fprintf(stderr, "asyncckpt train-sim: unexpected argument '%s'\n",
                  flags->positional()[0].c_str());
-    return 2;
+    return kExitUsage;
   }
   auto config = ConfigFromFlags(*flags);
-  if (config.ok()) {
-    Status valid = ValidateSaverOptions([&] {
-      SaverOptions probe = config->saver;
-      if (probe.checkpoint_dir.empty()) probe.checkpoint_dir = "/tmp";
-      return probe;
-    }());
-    if (!valid.ok()) config = valid;
-  }
-  if (!config.ok()) {
-    std::fprintf(stderr, "asyncckpt train-sim: %s\n", config.status().message().c_str());
-    return 2;
+  Status usable = config.ok() ? CheckMemory(*flags, *config) : config.status();
+  if (!usable.ok()) {
+    std::fprintf(stderr, "asyncckpt train-sim: %s\n", usable.message().c_str());
+    return kExitUsage;
   }
   RunSummary summary;
   Status status = RunTrainSim(*config, &summary);
   const uint64_t state_bytes = summary.state_bytes;
   if (!status.ok()) {
     std::fprintf(stderr, "asyncckpt train-sim: %s\n", status.ToString().c_str());
-    return 1;
+    return kExitFailed;
   }
   PrintSummary(*config, summary, state_bytes);
   if (!config->metrics_json.empty()) {
     Status written = WriteMetricsJson(*config, summary, state_bytes);
     if (!written.ok()) {
       std::fprintf(stderr, "asyncckpt train-sim: %s\n", written.message().c_str());
-      return 1;
+      return kExitFailed;
     }
   }
-  return 0;
+  return kExitOk;
 }
 
 }  // namespace asyncckpt::cli

@@ -242,8 +242,27 @@ Status Decompress(ScratchState& s, std::span<const uint8_t> stored, uint8_t* dst
     s.dctx.reset(ZSTD_createDCtx());
     if (!s.dctx) return Status::Internal("cannot create a zstd decompression context");
   }
-  // A frame that decodes to more than n bytes fails here with "destination too small" instead
-  // of writing past dst.
+  // The stored bytes must be exactly one frame whose header, when it declares a content size,
+  // declares n: a mismatch is named here, before any decoding.
+  const size_t frame_bytes = ZSTD_findFrameCompressedSize(stored.data(), stored.size());
+  if (ZSTD_isError(frame_bytes)) {
+    return Status::Corruption(std::string("the stored bytes are not a zstd frame: ") +
+                              ZSTD_getErrorName(frame_bytes));
+  }
+  if (frame_bytes != stored.size()) {
+    return Status::Corruption("the zstd frame ends after " + std::to_string(frame_bytes) + " of " +
+                              std::to_string(stored.size()) + " stored bytes");
+  }
+  const unsigned long long declared = ZSTD_getFrameContentSize(stored.data(), stored.size());
+  if (declared == ZSTD_CONTENTSIZE_ERROR) {
+    return Status::Corruption("the zstd frame header is damaged");
+  }
+  if (declared != ZSTD_CONTENTSIZE_UNKNOWN && declared != n) {
+    return Status::Corruption("the zstd frame declares " + std::to_string(declared) +
+                              " decoded bytes, the index says " + std::to_string(n));
+  }
+  // A frame without a declared size that decodes to more than n bytes fails here with
+  // "destination too small" instead of writing past dst.
   const size_t rc = ZSTD_decompressDCtx(s.dctx.get(), dst, n, stored.data(), stored.size());
   if (ZSTD_isError(rc)) {
     return Status::Corruption(std::string("zstd cannot decode the stored bytes: ") +

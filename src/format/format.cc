@@ -1,9 +1,11 @@
 #include "src/format/format.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <optional>
 #include <string_view>
+#include <tuple>
 #include <unordered_set>
 #include <utility>
 
@@ -11,6 +13,12 @@ namespace asyncckpt::format {
 
 std::string CheckpointDirName(std::string_view basename, int64_t step) {
   return std::string(basename) + "-" + std::to_string(step);
+}
+
+uint64_t MaxRawBytes(codec::Codec codec, uint64_t stored_bytes) {
+  if (codec == codec::Codec::kRaw) return stored_bytes;
+  if (stored_bytes > UINT64_MAX / kMaxZstdRatio) return UINT64_MAX;
+  return stored_bytes * kMaxZstdRatio;
 }
 
 std::string DataFileName(uint32_t index, uint32_t count) {
@@ -357,6 +365,12 @@ class BodyParser {
       return Error(where + " has " + std::to_string(chunk.stored_bytes) + " stored bytes for " +
                    std::to_string(chunk.raw_bytes) + " raw bytes");
     }
+    if (chunk.raw_bytes > MaxRawBytes(chunk.codec, chunk.stored_bytes)) {
+      return Error(where + " claims " + std::to_string(chunk.raw_bytes) + " raw bytes from " +
+                   std::to_string(chunk.stored_bytes) + " stored bytes of " +
+                   std::string(codec::CodecName(chunk.codec)) + "; at most " +
+                   std::to_string(kMaxZstdRatio) + " raw bytes per stored byte are possible");
+    }
     if (chunk.file_index >= num_data_files_) {
       return Error(where + " is in data file " + std::to_string(chunk.file_index) +
                    " but the checkpoint has " + std::to_string(num_data_files_));
@@ -415,6 +429,56 @@ Result<Index> ParseIndex(std::span<const uint8_t> bytes, std::string_view path) 
   return BodyParser(body, path).Parse();
 }
 
+namespace {
+
+// Where one chunk's stored bytes lie, for finding chunks that share bytes.
+struct StoredRange {
+  uint64_t begin = 0;
+  uint64_t end = 0;  // past the last byte; begin < end (stored_bytes > 0 was checked)
+  uint64_t chunk = 0;
+  uint32_t file = 0;
+  uint32_t tensor = 0;
+};
+
+std::string ChunkName(const Index& index, const StoredRange& range) {
+  return "tensor " + Quote(index.tensors[range.tensor].name) + " chunk " +
+         std::to_string(range.chunk);
+}
+
+// Sorted by file and first byte, any overlap shows between neighbours: the earliest range that
+// overlaps a later one also overlaps the range right after it.
+Status CheckNoSharedBytes(const Index& index, const std::string& prefix) {
+  size_t count = 0;
+  for (const TensorEntry& tensor : index.tensors) count += tensor.chunks.size();
+  std::vector<StoredRange> ranges;
+  ranges.reserve(count);
+  for (size_t t = 0; t < index.tensors.size(); ++t) {
+    const TensorEntry& tensor = index.tensors[t];
+    for (size_t i = 0; i < tensor.chunks.size(); ++i) {
+      const ChunkEntry& c = tensor.chunks[i];
+      ranges.push_back({c.file_offset, c.file_offset + c.stored_bytes, i, c.file_index,
+                        static_cast<uint32_t>(t)});
+    }
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const StoredRange& a, const StoredRange& b) {
+    return std::tie(a.file, a.begin) < std::tie(b.file, b.begin);
+  });
+  for (size_t k = 1; k < ranges.size(); ++k) {
+    const StoredRange& before = ranges[k - 1];
+    const StoredRange& after = ranges[k];
+    if (after.file != before.file || after.begin >= before.end) continue;
+    return Status::Corruption(prefix + ChunkName(index, before) + " and " +
+                              ChunkName(index, after) + " share stored bytes [" +
+                              std::to_string(after.begin) + ", " +
+                              std::to_string(std::min(before.end, after.end)) + ") of " +
+                              DataFileName(after.file, index.num_data_files) +
+                              "; every chunk must have bytes of its own");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Status CheckChunkLocations(const Index& index, std::string_view path,
                            std::span<const uint64_t> data_file_sizes) {
   const std::string prefix = "index " + std::string(path) + ": ";
@@ -442,7 +506,7 @@ Status CheckChunkLocations(const Index& index, std::string_view path,
       }
     }
   }
-  return Status::OK();
+  return CheckNoSharedBytes(index, prefix);
 }
 
 Result<Index> DecodeIndex(std::span<const uint8_t> bytes, std::string_view path,

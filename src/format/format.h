@@ -56,6 +56,20 @@ inline constexpr uint64_t kMaxChunkBytes = 1ULL << 30;
 /// Largest index a reader accepts.
 inline constexpr uint64_t kMaxIndexBytes = 1ULL << 30;
 
+/// Most raw bytes one stored byte of a zstd or shuffle+zstd chunk may claim (docs/format.md,
+/// "Decompression ratio"). A zstd block decodes to at most 128 KiB (Block_Maximum_Size) and costs
+/// at least 4 bytes (a 3-byte block header and, for the densest kind, an RLE block, one byte of
+/// payload), and a frame adds at least 6 bytes of magic number and header that decode to
+/// nothing. So n stored bytes decode to at most 131072 / 4 * (n - 6) < 32768 * n raw bytes, and
+/// raw_bytes <= 32768 * stored_bytes holds for every frame the zstd format allows, with no slack
+/// needed for the header. (zstd at any level writes 1 GiB of zeros at a ratio of 32749.)
+inline constexpr uint64_t kMaxZstdRatio = 32768;
+/// Most raw bytes `stored_bytes` of `codec` may claim: stored_bytes for raw (exactly 1:1),
+/// kMaxZstdRatio times it for zstd and shuffle+zstd. A reader allocates for a chunk only what this
+/// allows, and for a tensor only the sum over its chunks, whose stored bytes lie in the data files
+/// without overlap.
+uint64_t MaxRawBytes(codec::Codec codec, uint64_t stored_bytes);
+
 /// Where one chunk of a tensor lives and how it is stored.
 struct ChunkEntry {
   /// First byte of the chunk within the tensor's raw bytes.
@@ -118,8 +132,10 @@ std::vector<uint8_t> EncodeIndex(const Index& index);
 Result<Index> ParseIndex(std::span<const uint8_t> bytes, std::string_view path);
 
 /// Checks that every chunk lies inside its data file, whose sizes are `data_file_sizes`
-/// (one per data file; a file may be longer than its last chunk). Corruption naming `path`,
-/// the data file, the tensor and the chunk.
+/// (one per data file; a file may be longer than its last chunk), and that no two chunks share a
+/// stored byte (the writer never does; shared bytes would let a small file claim many times its
+/// size). Corruption naming `path`, the data file, the tensor and the chunk (both chunks for an
+/// overlap).
 Status CheckChunkLocations(const Index& index, std::string_view path,
                            std::span<const uint64_t> data_file_sizes);
 

@@ -5,8 +5,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <exception>
+#include <iterator>
 #include <mutex>
+#include <new>
+#include <stdexcept>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -83,6 +87,44 @@ void LogFallbackOnce(const std::string& reason) {
   if (!reason.empty()) std::call_once(once, [&] { LogLine("checkpoint reader: " + reason); });
 }
 
+// "N bytes (X.Y GiB)" for a message about memory.
+std::string DescribeBytes(uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double scaled = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (scaled >= 1024.0 && unit + 1 < std::size(kUnits)) {
+    scaled /= 1024.0;
+    ++unit;
+  }
+  char text[64];
+  std::snprintf(text, sizeof(text), "%llu bytes (%.1f %s)", static_cast<unsigned long long>(bytes),
+                scaled, kUnits[unit]);
+  return text;
+}
+
+// The Status for the exception in flight, which `what` (e.g. "reading tensor 'w' of 4096
+// bytes from /ckpt/model.ckpt-5") describes: allocation failures are ResourceExhausted, anything
+// else Internal. Call only from a catch block. Never throws: without the memory for the message,
+// a short one that needs no allocation.
+template <typename Describe>
+Status StatusOfCurrentException(Describe&& what) noexcept {
+  try {
+    try {
+      throw;
+    } catch (const std::bad_alloc&) {
+      return Status::ResourceExhausted("out of memory " + what());
+    } catch (const std::length_error& e) {
+      return Status::ResourceExhausted("out of memory " + what() + ": " + e.what());
+    } catch (const std::exception& e) {
+      return Status::Internal("unexpected error " + what() + ": " + e.what());
+    } catch (...) {
+      return Status::Internal("unexpected error " + what());
+    }
+  } catch (...) {
+    return Status::ResourceExhausted("out of memory");
+  }
+}
+
 class CheckpointReaderImpl final : public CheckpointReader {
  public:
   static Result<std::unique_ptr<CheckpointReader>> Open(const std::string& path,
@@ -113,6 +155,44 @@ class CheckpointReaderImpl final : public CheckpointReader {
   }
 
   Status read(const std::string& name, void* dst, size_t dst_bytes) override {
+    try {
+      return Read(name, dst, dst_bytes);
+    } catch (...) {
+      return StatusOfCurrentException([&] {
+        return "reading tensor " + Quote(name) + " of " + DescribeBytes(dst_bytes) + " from " +
+               path_;
+      });
+    }
+  }
+
+  Status restore(const TensorRegistry& registry) override {
+    try {
+      return Restore(registry);
+    } catch (...) {
+      return StatusOfCurrentException([&] {
+        return "restoring " + std::to_string(registry.size()) + " tensors of " +
+               DescribeBytes(registry.total_bytes()) + " from " + path_;
+      });
+    }
+  }
+
+  VerifyReport verify() override {
+    try {
+      return Verify();
+    } catch (...) {
+      VerifyReport report;
+      Status status = StatusOfCurrentException([&] { return "verifying " + path_; });
+      try {
+        report.problems.push_back(status.ToString());
+      } catch (...) {
+        // Not even the report fits: the caller still learns that nothing was checked.
+      }
+      return report;
+    }
+  }
+
+ private:
+  Status Read(const std::string& name, void* dst, size_t dst_bytes) {
     auto it = by_name_.find(name);
     if (it == by_name_.end())
       return Status::NotFound("no tensor named " + Quote(name) + " in " + path_);
@@ -134,7 +214,7 @@ class CheckpointReaderImpl final : public CheckpointReader {
         ->status;
   }
 
-  Status restore(const TensorRegistry& registry) override {
+  Status Restore(const TensorRegistry& registry) {
     RETURN_IF_ERROR(CheckRegistry(registry));
     std::shared_ptr<Device> staging_device;
     PinnedBuffer staging;
@@ -158,7 +238,7 @@ class CheckpointReaderImpl final : public CheckpointReader {
     return Status::OK();
   }
 
-  VerifyReport verify() override {
+  VerifyReport Verify() {
     std::vector<ChunkGroup> groups;
     VerifyReport report;
     for (size_t t = 0; t < index_.tensors.size(); ++t) {
@@ -177,7 +257,6 @@ class CheckpointReaderImpl final : public CheckpointReader {
     return report;
   }
 
- private:
   struct Location {
     size_t info = 0;   // index into infos_
     size_t entry = 0;  // index into index_.tensors
@@ -215,7 +294,13 @@ class CheckpointReaderImpl final : public CheckpointReader {
                                 " bytes; at most " + std::to_string(format::kMaxIndexBytes) +
                                 " accepted");
     }
-    std::vector<uint8_t> bytes(size);
+    std::vector<uint8_t> bytes;
+    try {
+      bytes.resize(size);
+    } catch (...) {
+      return StatusOfCurrentException(
+          [&] { return "reading index " + index_path_ + " of " + DescribeBytes(size); });
+    }
     RETURN_IF_ERROR(ToStatus(file->read_at(0, bytes.data(), bytes.size())));
     return format::ParseIndex(bytes, index_path_);
   }
@@ -302,13 +387,17 @@ class CheckpointReaderImpl final : public CheckpointReader {
   // given, else to scratch (verify). Returns every failed chunk.
   std::vector<ChunkFailure> ProcessGroups(const std::vector<ChunkGroup>& groups, uint8_t* dst) {
     std::vector<std::vector<ChunkFailure>> per_group(groups.size());
+    for (size_t g = 0; g < groups.size(); ++g) {
+      per_group[g].reserve(groups[g].end - groups[g].begin + 1);
+    }
     auto process = [&](size_t g) { ProcessGroup(groups[g], dst, scratch_.local(), &per_group[g]); };
     try {
       tbb::parallel_for(size_t{0}, groups.size(), process);
-    } catch (const std::exception& e) {
-      // oneTBB or an allocation threw: report it once rather than let it cross the API.
-      per_group.push_back(
-          {ChunkFailure{0, 0, Status::Internal("reading " + path_ + ": " + e.what())}});
+    } catch (...) {
+      // ProcessGroup reports its own failures; this is oneTBB itself failing (e.g. to start a
+      // task): report it once rather than let it cross the API.
+      per_group.push_back({ChunkFailure{
+          0, 0, StatusOfCurrentException([&] { return "reading chunks of " + path_; })}});
     }
     std::vector<ChunkFailure> failures;
     for (auto& list : per_group) {
@@ -317,8 +406,30 @@ class CheckpointReaderImpl final : public CheckpointReader {
     return failures;
   }
 
+  // Reads and decodes one group; a failed allocation (of scratch memory for its stored or
+  // decoded bytes) fails the chunk it was for, named with the bytes it needed.
   void ProcessGroup(const ChunkGroup& group, uint8_t* dst, ThreadScratch& scratch,
-                    std::vector<ChunkFailure>* failures) {
+                    std::vector<ChunkFailure>* failures) noexcept {
+    const TensorEntry& tensor = index_.tensors[group.tensor];
+    size_t chunk = group.begin;
+    uint64_t allocating = 0;
+    try {
+      ReadAndDecodeGroup(group, dst, scratch, failures, &chunk, &allocating);
+    } catch (...) {
+      Status status = StatusOfCurrentException([&] {
+        return "reading tensor " + Quote(tensor.name) + " (" + DescribeBytes(tensor.bytes) +
+               ") chunk " + std::to_string(chunk) + " from " + path_ + "; the step needed " +
+               DescribeBytes(allocating) + " of scratch memory";
+      });
+      // Cannot throw: ProcessGroups reserved room for a failure per chunk and one more.
+      failures->push_back({group.tensor, chunk, std::move(status)});
+    }
+  }
+
+  // *chunk and *allocating say what the group is doing, for ProcessGroup's report.
+  void ReadAndDecodeGroup(const ChunkGroup& group, uint8_t* dst, ThreadScratch& scratch,
+                          std::vector<ChunkFailure>* failures, size_t* chunk,
+                          uint64_t* allocating) {
     const TensorEntry& tensor = index_.tensors[group.tensor];
     // Where each chunk's stored bytes land: raw chunks read straight into dst, the others into
     // this thread's scratch.
@@ -326,6 +437,7 @@ class CheckpointReaderImpl final : public CheckpointReader {
     for (size_t i = group.begin; i < group.end; ++i) {
       if (!ReadsInPlace(tensor.chunks[i], dst)) gathered += tensor.chunks[i].stored_bytes;
     }
+    *allocating = gathered;
     uint8_t* stored = scratch.stored.reserve(gathered);
     std::vector<io::ReadOp> ops;
     std::vector<uint8_t*> targets;
@@ -341,6 +453,7 @@ class CheckpointReaderImpl final : public CheckpointReader {
     if (!fs_->read_batch(ops).ok()) {
       // The batch reports only its first failure; read each chunk alone to name every one.
       for (size_t k = 0; k < ops.size(); ++k) {
+        *chunk = group.begin + k;
         io::IoStatus status = fs_->read_batch(std::span<const io::ReadOp>(&ops[k], 1));
         if (status.ok()) continue;
         read_ok[k] = false;
@@ -353,6 +466,8 @@ class CheckpointReaderImpl final : public CheckpointReader {
       if (!read_ok[k]) continue;
       const size_t i = group.begin + k;
       const ChunkEntry& c = tensor.chunks[i];
+      *chunk = i;
+      *allocating = c.raw_bytes;  // the decoded bytes (verify) or the unshuffled ones (codec)
       uint8_t* out = dst != nullptr ? dst + c.tensor_offset : scratch.decoded.reserve(c.raw_bytes);
       if (dst == nullptr && c.codec == codec::Codec::kRaw) out = targets[k];  // checksum in place
       Status status =
@@ -385,16 +500,20 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::stri
                                                                  const ReaderOptions& options) {
   try {
     return CheckpointReaderImpl::Open(path, options);
-  } catch (const std::exception& e) {
-    return Status::Internal("opening checkpoint " + path + ": " + e.what());
+  } catch (...) {
+    return StatusOfCurrentException([&] { return "opening checkpoint " + path; });
   }
 }
 
 Result<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenLatest(
     const std::string& dir, const ReaderOptions& options) {
-  ASSIGN_OR_RETURN(std::string latest,
-                   LatestCheckpoint(dir, kCheckpointStateFileName, options.file_system));
-  return Open(latest, options);
+  try {
+    ASSIGN_OR_RETURN(std::string latest,
+                     LatestCheckpoint(dir, kCheckpointStateFileName, options.file_system));
+    return Open(latest, options);
+  } catch (...) {
+    return StatusOfCurrentException([&] { return "opening the latest checkpoint in " + dir; });
+  }
 }
 
 }  // namespace asyncckpt

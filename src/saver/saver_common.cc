@@ -1,5 +1,6 @@
 #include "src/saver/saver_common.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <new>
@@ -271,12 +272,19 @@ void AddToTotals(const SaveStats& stats, SaverTotals* totals) {
     ++totals->saves_committed;
     totals->bytes_raw += stats.bytes_raw;
     totals->bytes_stored += stats.bytes_stored;
+    totals->seconds_to_durable_total += stats.seconds_to_durable;
+    totals->seconds_to_durable_max =
+        std::max(totals->seconds_to_durable_max, stats.seconds_to_durable);
+    for (const auto& [codec, chunks] : stats.chunks_by_codec) {
+      totals->chunks_by_codec[codec] += chunks;
+    }
   } else {
     ++totals->saves_failed;
   }
   totals->blocked_seconds_total += stats.blocked_seconds;
   totals->blocked_seconds_max = std::max(totals->blocked_seconds_max, stats.blocked_seconds);
   totals->saves.push_back(stats);
+  while (totals->saves.size() > kSaverTotalsWindow) totals->saves.pop_front();
 }
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {

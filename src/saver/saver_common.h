@@ -83,7 +83,8 @@ std::string InputStateFileForBasename(const std::string& basename);
 bool NotifyAfterSave(const std::vector<CheckpointSaverListener*>& listeners, int64_t step,
                      const SaveStats& stats);
 
-/// Adds one finished save to the totals.
+/// Adds one finished save to the running totals and to the window of recent saves, dropping the
+/// oldest save beyond kSaverTotalsWindow.
 void AddToTotals(const SaveStats& stats, SaverTotals* totals);
 
 /// Seconds since `start` on the steady clock.

@@ -1,6 +1,7 @@
 #include "src/codec/codec.h"
 
 #include <gtest/gtest.h>
+#include <zstd.h>
 
 #include <cmath>
 #include <cstring>
@@ -251,12 +252,52 @@ TEST_F(CodecCorruptionTest, TruncatedStoredBytesAreCorruption) {
   }
 }
 
-TEST_F(CodecCorruptionTest, WrongRawSizeIsCorruption) {
+TEST_F(CodecCorruptionTest, WrongRawSizeIsCorruptionNamingTheFramesDeclaredSize) {
+  // The frame header declares 16384 bytes; a raw size that differs is refused before decoding.
   Status shorter = DecodeStored(stored_, raw_.size() - 4);
   EXPECT_EQ(shorter.code(), StatusCode::kCorruption);
+  EXPECT_NE(shorter.message().find("declares 16384 decoded bytes, the index says 16380"),
+            std::string::npos)
+      << shorter.message();
   Status longer = DecodeStored(stored_, raw_.size() + 4);
   EXPECT_EQ(longer.code(), StatusCode::kCorruption);
-  EXPECT_NE(longer.message().find("decode to"), std::string::npos) << longer.message();
+  EXPECT_NE(longer.message().find("declares 16384 decoded bytes, the index says 16388"),
+            std::string::npos)
+      << longer.message();
+}
+
+// A frame whose header leaves its content size out (zstd's streaming API may).
+std::vector<uint8_t> FrameWithoutContentSize(const std::vector<uint8_t>& raw) {
+  ZSTD_CCtx* cctx = ZSTD_createCCtx();
+  ZSTD_CCtx_setParameter(cctx, ZSTD_c_contentSizeFlag, 0);
+  std::vector<uint8_t> frame(ZSTD_compressBound(raw.size()));
+  const size_t size = ZSTD_compress2(cctx, frame.data(), frame.size(), raw.data(), raw.size());
+  ZSTD_freeCCtx(cctx);
+  EXPECT_FALSE(ZSTD_isError(size));
+  frame.resize(ZSTD_isError(size) ? 0 : size);
+  return frame;
+}
+
+TEST_F(CodecCorruptionTest, FrameWithoutDeclaredSizeDecodingToMoreIsCorruption) {
+  const std::vector<uint8_t> frame = FrameWithoutContentSize(std::vector<uint8_t>(4096, 7));
+  ASSERT_EQ(ZSTD_getFrameContentSize(frame.data(), frame.size()), ZSTD_CONTENTSIZE_UNKNOWN);
+  std::vector<uint8_t> dst(4000);
+  Status status = Decode(Codec::kZstd, frame, 1, 0, dst, scratch_);
+  EXPECT_EQ(status.code(), StatusCode::kCorruption);
+  std::vector<uint8_t> exact(4096);
+  EXPECT_TRUE(
+      Decode(Codec::kZstd, frame, 1, Checksum(std::vector<uint8_t>(4096, 7)), exact, scratch_)
+          .ok());
+}
+
+TEST_F(CodecCorruptionTest, BytesAfterTheFrameAreCorruption) {
+  // A second frame after the first: zstd would decode both, the format allows one.
+  std::vector<uint8_t> two = stored_;
+  two.insert(two.end(), stored_.begin(), stored_.end());
+  Status status = DecodeStored(two, raw_.size() * 2);
+  EXPECT_EQ(status.code(), StatusCode::kCorruption);
+  EXPECT_NE(status.message().find("the zstd frame ends after"), std::string::npos)
+      << status.message();
 }
 
 TEST_F(CodecCorruptionTest, WrongChecksumIsCorruption) {

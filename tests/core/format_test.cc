@@ -381,5 +381,69 @@ TEST(IndexFormatTest, ParseIndexSkipsOnlyTheDataFileChecks) {
   EXPECT_TRUE(CheckChunkLocations(*parsed, kPath, RichSizes()).ok());
 }
 
+TEST(IndexFormatTest, ChunksOfTwoTensorsSharingStoredBytesAreCorruptionNamingBoth) {
+  Index index = RichIndex();
+  // "flags" chunk 0 moves onto the last 2 bytes of "layer/0/weights" chunk 1 in data file 1.
+  index.tensors[3].chunks[0].file_offset = 22;
+  ExpectCorruption(DecodeIndex(EncodeIndex(index), kPath, RichSizes()).status(),
+                   {"tensor 'layer/0/weights' chunk 1 and tensor 'flags' chunk 0",
+                    "share stored bytes [22, 24) of data-00001-of-00003"});
+}
+
+TEST(IndexFormatTest, ChunksOfOneTensorSharingOneFrameAreCorruption) {
+  // The hostile shape: many chunks that all point at the same small, highly compressible frame.
+  Index index = TinyIndex();
+  index.tensors[0].shape = {3 << 20};
+  index.tensors[0].bytes = 12ull << 20;
+  index.tensors[0].chunks.clear();
+  for (uint64_t i = 0; i < 3; ++i) {
+    index.tensors[0].chunks.push_back(
+        Chunk(i << 22, 0, 0, 200, 4ull << 20, codec::Codec::kZstd, 1));
+  }
+  ExpectCorruption(Decode(EncodeIndex(index)),
+                   {"tensor 'a' chunk 0 and tensor 'a' chunk 1", "share stored bytes [0, 200)"});
+}
+
+TEST(IndexFormatTest, AChunkInsideAnotherChunkIsCorruption) {
+  Index index = RichIndex();
+  // "scalar" (8 bytes) moves inside "layer/0/weights" chunk 0, bytes [0, 10) of data file 0.
+  index.tensors[0].chunks[0].file_index = 0;
+  index.tensors[0].chunks[0].file_offset = 1;
+  ExpectCorruption(DecodeIndex(EncodeIndex(index), kPath, RichSizes()).status(),
+                   {"tensor 'layer/0/weights' chunk 0 and tensor 'scalar' chunk 0",
+                    "share stored bytes [1, 9)"});
+}
+
+TEST(IndexFormatTest, ChunksBackToBackAndInDifferentFilesAtTheSameOffsetAreAccepted) {
+  // RichIndex has both: chunks ending where the next begins, and chunks at offset 0 of each file.
+  EXPECT_TRUE(DecodeIndex(EncodeIndex(RichIndex()), kPath, RichSizes()).ok());
+}
+
+TEST(IndexFormatTest, MaxRawBytesIsOneToOneForRawAndTheZstdRatioOtherwise) {
+  EXPECT_EQ(kMaxZstdRatio, 32768u);
+  EXPECT_EQ(MaxRawBytes(codec::Codec::kRaw, 4096), 4096u);
+  EXPECT_EQ(MaxRawBytes(codec::Codec::kZstd, 4096), 4096u * 32768);
+  EXPECT_EQ(MaxRawBytes(codec::Codec::kShuffleZstd, 1), 32768u);
+  EXPECT_EQ(MaxRawBytes(codec::Codec::kZstd, UINT64_MAX / 1000), UINT64_MAX);
+}
+
+TEST(IndexFormatTest, ACompressedChunkClaimingMoreThanTheRatioAllowsIsCorruption) {
+  auto claim = [](codec::Codec c, uint64_t stored, uint64_t raw) {
+    Index index = TinyIndex();
+    index.tensors[0].dtype = DType::kU8;
+    index.tensors[0].shape = {static_cast<int64_t>(raw)};
+    index.tensors[0].bytes = raw;
+    index.tensors[0].chunks = {Chunk(0, 0, 0, stored, raw, c, 1)};
+    return Decode(EncodeIndex(index));
+  };
+  EXPECT_TRUE(claim(codec::Codec::kZstd, 1, 32768).ok());
+  EXPECT_TRUE(claim(codec::Codec::kShuffleZstd, 32, 32 * 32768).ok());
+  ExpectCorruption(claim(codec::Codec::kZstd, 1, 32769),
+                   {"tensor 'a' chunk 0 claims 32769 raw bytes from 1 stored bytes of zstd",
+                    "at most 32768 raw bytes per stored byte"});
+  ExpectCorruption(claim(codec::Codec::kShuffleZstd, 140, 1ull << 30),
+                   {"claims 1073741824 raw bytes from 140 stored bytes of shuffle+zstd"});
+}
+
 }  // namespace
 }  // namespace asyncckpt::format

@@ -2,11 +2,19 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <xxhash.h>
+#include <zstd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <list>
 #include <random>
 #include <thread>
@@ -47,6 +55,42 @@ class FakeDevice final : public Device {
   }
   int copies = 0;
 };
+
+// One zstd frame of `bytes` zeros, compressed a MiB at a time so that no buffer of `bytes` is
+// needed, and the XXH3-64 of those zeros.
+struct ZeroFrame {
+  std::vector<uint8_t> frame;
+  uint64_t xxh3 = 0;
+};
+
+ZeroFrame CompressZeros(uint64_t bytes) {
+  const std::vector<uint8_t> zeros(std::min<uint64_t>(bytes, 1 << 20), 0);
+  std::vector<uint8_t> out(ZSTD_CStreamOutSize());
+  ZeroFrame result;
+  ZSTD_CCtx* cctx = ZSTD_createCCtx();
+  ZSTD_CCtx_setPledgedSrcSize(cctx, bytes);
+  XXH3_state_t* hash = XXH3_createState();
+  XXH3_64bits_reset(hash);
+  for (uint64_t done = 0; done < bytes;) {
+    const size_t piece = static_cast<size_t>(std::min<uint64_t>(zeros.size(), bytes - done));
+    XXH3_64bits_update(hash, zeros.data(), piece);
+    done += piece;
+    const ZSTD_EndDirective mode = done == bytes ? ZSTD_e_end : ZSTD_e_continue;
+    ZSTD_inBuffer in{zeros.data(), piece, 0};
+    size_t left = 0;
+    do {
+      ZSTD_outBuffer o{out.data(), out.size(), 0};
+      left = ZSTD_compressStream2(cctx, &o, &in, mode);
+      EXPECT_FALSE(ZSTD_isError(left)) << ZSTD_getErrorName(left);
+      if (ZSTD_isError(left)) break;
+      result.frame.insert(result.frame.end(), out.data(), out.data() + o.pos);
+    } while (mode == ZSTD_e_end ? left != 0 : in.pos < in.size);
+  }
+  result.xxh3 = XXH3_64bits_digest(hash);
+  XXH3_freeState(hash);
+  ZSTD_freeCCtx(cctx);
+  return result;
+}
 
 class ReaderTest : public ::testing::Test {
  protected:
@@ -124,11 +168,181 @@ class ReaderTest : public ::testing::Test {
     return file;
   }
 
+  // Writes a checkpoint by hand: one data file holding `data`, and an index with one u8 tensor
+  // "w" made of `chunks` (each of the given codec and checksum) as the caller lays them out.
+  void WriteByHand(const std::vector<uint8_t>& data,
+                   const std::vector<format::ChunkEntry>& chunks) {
+    format::Index index;
+    index.metadata = CheckpointMetadata{5, 1.5, {}};
+    index.num_data_files = 1;
+    format::TensorEntry tensor{"w", DType::kU8, {0}, 0, chunks};
+    for (const format::ChunkEntry& chunk : chunks) tensor.bytes += chunk.raw_bytes;
+    tensor.shape = {static_cast<int64_t>(tensor.bytes)};
+    index.tensors.push_back(tensor);
+    WriteFile(dir_ + "/" + format::DataFileName(0, 1), data);
+    WriteFile(dir_ + "/index", format::EncodeIndex(index));
+  }
+
+  // A chunk of `frame` (stored at `file_offset`) that claims `raw_bytes` of zeros.
+  static format::ChunkEntry ZeroChunk(uint64_t tensor_offset, uint64_t file_offset,
+                                      const ZeroFrame& frame, uint64_t raw_bytes) {
+    return format::ChunkEntry{tensor_offset,      0,         file_offset,
+                              frame.frame.size(), raw_bytes, codec::Codec::kZstd,
+                              frame.xxh3};
+  }
+
+  uint64_t BytesOnDisk() {
+    uint64_t total = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(dir_)) total += entry.file_size();
+    return total;
+  }
+
   std::string root_;
   std::string dir_;
   std::unique_ptr<io::FileSystem> fs_;
   std::list<std::vector<uint8_t>> buffers_;
 };
+
+// ---- bounds: what a hostile index may claim --------------------------------------------------
+
+// Issue 8's hostile checkpoint: about 33 KiB on disk, one zstd frame of 1 GiB of zeros, and a
+// tensor of 16 chunks that all point at it, claiming 16 GiB. Each chunk alone is within the
+// decompression ratio; together they share stored bytes, which the writer never does.
+TEST_F(ReaderTest, OpenRefusesChunksThatShareOneFrameBeforeAllocatingTheirClaim) {
+  const ZeroFrame frame = CompressZeros(1ull << 30);
+  ASSERT_LT(frame.frame.size(), 40u << 10);
+  std::vector<format::ChunkEntry> chunks;
+  for (uint64_t i = 0; i < 16; ++i) chunks.push_back(ZeroChunk(i << 30, 0, frame, 1ull << 30));
+  WriteByHand(frame.frame, chunks);
+  EXPECT_LT(BytesOnDisk(), 44u << 10);
+  Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir_, Posix());
+  ASSERT_FALSE(reader.ok()) << "a " << BytesOnDisk() << "-byte checkpoint claims 16 GiB";
+  EXPECT_EQ(reader.status().code(), StatusCode::kCorruption) << reader.status().ToString();
+  EXPECT_THAT(reader.status().message(),
+              HasSubstr("tensor 'w' chunk 0 and tensor 'w' chunk 1 share stored bytes [0, " +
+                        std::to_string(frame.frame.size()) + ") of data-00000-of-00001"));
+  EXPECT_THAT(reader.status().message(), HasSubstr(dir_ + "/index"));
+}
+
+TEST_F(ReaderTest, OpenRefusesAChunkClaimingMoreThanItsFrameCanDecodeTo) {
+  // 4 MiB of zeros take about 150 bytes; the chunk claims 1 GiB (the largest chunk) from them.
+  const ZeroFrame frame = CompressZeros(4ull << 20);
+  WriteByHand(frame.frame, {ZeroChunk(0, 0, frame, 1ull << 30)});
+  Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir_, Posix());
+  ASSERT_FALSE(reader.ok());
+  EXPECT_EQ(reader.status().code(), StatusCode::kCorruption) << reader.status().ToString();
+  EXPECT_THAT(reader.status().message(),
+              HasSubstr("tensor 'w' chunk 0 claims 1073741824 raw bytes from " +
+                        std::to_string(frame.frame.size()) + " stored bytes of zstd"));
+}
+
+TEST_F(ReaderTest, AFrameDeclaringAnotherSizeThanItsChunkIsCorruptionAtRead) {
+  // Within the ratio and alone in its file, but the frame's header says 4 MiB, not 4.5.
+  const ZeroFrame frame = CompressZeros(4ull << 20);
+  WriteByHand(frame.frame, {ZeroChunk(0, 0, frame, 4608ull << 10)});
+  std::unique_ptr<CheckpointReader> reader = OpenOrDie();
+  ASSERT_NE(reader, nullptr);
+  std::vector<uint8_t> out(4608ull << 10);
+  Status status = reader->read("w", out.data(), out.size());
+  EXPECT_EQ(status.code(), StatusCode::kCorruption);
+  EXPECT_THAT(status.message(),
+              HasSubstr("declares 4194304 decoded bytes, the index says 4718592"));
+  EXPECT_THAT(status.message(), HasSubstr("tensor 'w' chunk 0"));
+}
+
+// Adam's moments are all zeros at step 0 and compress about as well as anything can: 64 MiB
+// chunks of zeros reach a ratio of about 32470, within 1% of the bound. They must still open,
+// read and restore, with both zstd codecs.
+TEST_F(ReaderTest, AllZeroTensorsInLargeChunksOpenAndRestore) {
+  constexpr uint64_t kBytes = 64ull << 20;
+  std::vector<uint8_t> zeros_m(kBytes, 0), zeros_v(kBytes, 0);
+  for (CompressionKind kind : {CompressionKind::kZstd, CompressionKind::kShuffleZstd}) {
+    SCOPED_TRACE(static_cast<int>(kind));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directory(dir_);
+    format::WriterOptions options;
+    options.chunk_bytes = kBytes;
+    options.num_data_files = 1;
+    options.compression.kind = kind;
+    const std::vector<format::HostTensor> tensors = {
+        {"adam_m", DType::kF32, {int64_t{kBytes / 4}}, zeros_m.data(), kBytes},
+        {"adam_v", DType::kF32, {int64_t{kBytes / 4}}, zeros_v.data(), kBytes}};
+    Result<format::WriteStats> stats =
+        WriteCheckpointFiles(*fs_, dir_, tensors, CheckpointMetadata{0, 1.0, {}}, options);
+    ASSERT_TRUE(stats.ok()) << stats.status().ToString();
+    ASSERT_GT(stats->bytes_raw / stats->bytes_stored, 30000u);  // near the bound indeed
+    std::unique_ptr<CheckpointReader> reader = OpenOrDie();
+    ASSERT_NE(reader, nullptr);
+    EXPECT_TRUE(reader->verify().problems.empty());
+    std::vector<uint8_t> m(kBytes, 0xAA), v(kBytes, 0xBB);
+    TensorRegistry registry;
+    ASSERT_TRUE(
+        registry.add({"adam_m", DType::kF32, {int64_t{kBytes / 4}}, m.data(), kBytes, nullptr})
+            .ok());
+    ASSERT_TRUE(
+        registry.add({"adam_v", DType::kF32, {int64_t{kBytes / 4}}, v.data(), kBytes, nullptr})
+            .ok());
+    Status restored = reader->restore(registry);
+    ASSERT_TRUE(restored.ok()) << restored.ToString();
+    EXPECT_EQ(m, zeros_m);
+    EXPECT_EQ(v, zeros_v);
+  }
+}
+
+// Sanitizer allocators abort on a failed allocation instead of throwing std::bad_alloc.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kAllocatorAbortsOnFailure = true;
+#else
+constexpr bool kAllocatorAbortsOnFailure = false;
+#endif
+
+// The current address space of this process in bytes (first field of /proc/self/statm).
+uint64_t AddressSpaceBytes() {
+  std::ifstream statm("/proc/self/statm");
+  uint64_t pages = 0;
+  statm >> pages;
+  return pages * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+// A tensor the bounds allow (1 GiB of zeros in one 32 KiB frame) that this process cannot
+// allocate: in a child whose address space is capped at 256 MiB above what it holds,
+// read_xarray must answer ResourceExhausted naming the tensor and its size, not throw.
+TEST_F(ReaderTest, ReadXarrayThatCannotAllocateIsResourceExhaustedNotACrash) {
+  if (kAllocatorAbortsOnFailure) {
+    GTEST_SKIP() << "sanitizer allocators abort on a failed allocation instead of throwing";
+  }
+  const ZeroFrame frame = CompressZeros(1ull << 30);
+  WriteByHand(frame.frame, {ZeroChunk(0, 0, frame, 1ull << 30)});
+  std::unique_ptr<CheckpointReader> reader = OpenOrDie();
+  ASSERT_NE(reader, nullptr);
+  // The child runs only read_xarray, which fails at the allocation before any oneTBB work.
+  const pid_t child = fork();
+  ASSERT_GE(child, 0) << std::strerror(errno);
+  if (child == 0) {
+    // Every way out is an _exit: gtest must not go on running tests in the child.
+    try {
+      const rlimit limit{AddressSpaceBytes() + (256ull << 20), RLIM_INFINITY};
+      if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(10);
+      Result<xt::xarray<uint8_t>> array = reader->read_xarray<uint8_t>("w");
+      if (array.ok()) _exit(11);
+      if (array.status().code() != StatusCode::kResourceExhausted) _exit(12);
+      const std::string& message = array.status().message();
+      if (message.find("'w'") == std::string::npos ||
+          message.find("1073741824 bytes") == std::string::npos) {
+        _exit(13);
+      }
+      _exit(0);
+    } catch (...) {
+      _exit(14);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "10: setrlimit failed, 11: the read succeeded, 12: not ResourceExhausted, 13: the "
+         "message does not name the tensor and its size, 14: an exception crossed read_xarray";
+}
 
 TEST_F(ReaderTest, EveryDTypeRoundTripsAcrossSeveralDataFiles) {
   std::vector<format::HostTensor> tensors;

@@ -36,6 +36,11 @@ using testing_support::ReadFile;
 // Longest one CLI command may take before the test calls it hung.
 constexpr auto kRunTimeout = std::chrono::seconds(60);
 
+// The CLI's exit statuses (README, "The command-line tool").
+constexpr int kOk = 0;
+constexpr int kFailed = 1;  // the operation failed
+constexpr int kUsage = 2;   // bad usage
+
 // The lines of `text`, without their newlines.
 std::vector<std::string> Lines(const std::string& text) {
   std::vector<std::string> lines;
@@ -77,9 +82,11 @@ class CliTest : public CliFixture {
     return result;
   }
 
-  // Checks that `r` is a failure reported as exactly one stderr line holding every `needle`.
-  static void ExpectOneLineError(const CliResult& r, const std::vector<std::string>& needles) {
-    EXPECT_NE(r.exit_code, 0) << r;
+  // Checks that `r` is a failure with `exit_code` (kUsage or kFailed) reported as exactly one
+  // stderr line holding every `needle`.
+  static void ExpectOneLineError(const CliResult& r, int exit_code,
+                                 const std::vector<std::string>& needles) {
+    EXPECT_EQ(r.exit_code, exit_code) << r;
     EXPECT_TRUE(r.out.empty()) << r;
     const std::vector<std::string> lines = Lines(r.err);
     ASSERT_EQ(lines.size(), 1u) << r;
@@ -129,12 +136,12 @@ class CliTest : public CliFixture {
 TEST_F(CliTest, UnknownFlagIsOneLineNamingIt) {
   for (const std::string command : {"train-sim", "inspect", "verify", "latest"}) {
     SCOPED_TRACE(command);
-    ExpectOneLineError(Run({command, "--no_such_flag", Path("x")}), {"--no_such_flag"});
+    ExpectOneLineError(Run({command, "--no_such_flag", Path("x")}), kUsage, {"--no_such_flag"});
   }
 }
 
 TEST_F(CliTest, MissingFlagValueIsOneLineNamingTheFlag) {
-  ExpectOneLineError(Run({"train-sim", "--steps"}), {"--steps"});
+  ExpectOneLineError(Run({"train-sim", "--steps"}), kUsage, {"--steps"});
 }
 
 TEST_F(CliTest, BadFlagValueIsOneLineNamingTheFlagAndTheValue) {
@@ -147,10 +154,10 @@ TEST_F(CliTest, BadFlagValueIsOneLineNamingTheFlagAndTheValue) {
       {"model_bytes", "5XB", "5XB"},
       {"saver", "foo", "foo"},
       {"compression", "bar", "bar"},
-      {"steps", "-1", ">= 0"},
+      {"steps", "-1", ">= 0, got '-1'"},
       {"dtype", "f17", "f17"},
       {"optimizer", "lion", "lion"},
-      {"save_steps", "0", "positive"},
+      {"save_steps", "0", ">= 1, got '0'"},
       {"chunk_bytes", "4QB", "4QB"},
       {"on_busy", "maybe", "maybe"},
       {"io", "floppy", "floppy"},
@@ -160,6 +167,21 @@ TEST_F(CliTest, BadFlagValueIsOneLineNamingTheFlagAndTheValue) {
       {"preempt_at_steps", "3,x", "'x' in '3,x'"},
       {"preempt_at_steps", "0", "steps >= 1"},
       {"preempt_at_steps", "5,,6", "'5,,6'"},
+      // Out of range: the message quotes the value as given, never a clamped one.
+      {"tensors", "99999999999", "'99999999999'"},
+      {"tensors", "0", "'0'"},
+      {"max_to_keep", "99999999999", "'99999999999'"},
+      {"max_to_keep", "-1", "'-1'"},
+      {"compression_level", "1000", "'1000'"},
+      {"num_data_files", "99999999999", "'99999999999'"},
+      {"num_data_files", "0", "'0'"},
+      {"background_threads", "99999999999", "'99999999999'"},
+      {"dataset_records", "0", "'0'"},
+      {"shuffle_buffer", "99999999999", "'99999999999'"},
+      {"keep_checkpoint_every_n_hours", "-2", "'-2'"},
+      {"save_secs", "0", "'0'"},
+      {"staging_bytes", "1", "'1'"},
+      {"model_bytes", "4", "'4'"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE("--" + c.flag + " " + c.value);
@@ -175,12 +197,12 @@ TEST_F(CliTest, BadFlagValueIsOneLineNamingTheFlagAndTheValue) {
       args.push_back("--" + name);
       args.push_back(value);
     }
-    ExpectOneLineError(Run(args), {c.flag, c.says});
+    ExpectOneLineError(Run(args), kUsage, {"--" + c.flag, c.says});
   }
 }
 
 TEST_F(CliTest, UnknownCommandIsOneLineNamingIt) {
-  ExpectOneLineError(Run({"frobnicate"}), {"frobnicate"});
+  ExpectOneLineError(Run({"frobnicate"}), kUsage, {"frobnicate"});
 }
 
 TEST_F(CliTest, NoCommandPrintsUsageAndFails) {
@@ -190,9 +212,50 @@ TEST_F(CliTest, NoCommandPrintsUsageAndFails) {
 }
 
 TEST_F(CliTest, WrongNumberOfArgumentsShowsTheUsage) {
-  ExpectOneLineError(Run({"latest"}), {"usage: asyncckpt latest DIR"});
-  ExpectOneLineError(Run({"verify", Path("a"), Path("b")}), {"usage: asyncckpt verify PATH"});
-  ExpectOneLineError(Run({"train-sim", "stray"}), {"stray"});
+  ExpectOneLineError(Run({"latest"}), kUsage, {"usage: asyncckpt latest DIR"});
+  ExpectOneLineError(Run({"verify", Path("a"), Path("b")}), kUsage,
+                     {"usage: asyncckpt verify PATH"});
+  ExpectOneLineError(Run({"train-sim", "stray"}), kUsage, {"stray"});
+}
+
+// One convention for every command (README): 0 success, 1 the operation failed, 2 bad usage.
+TEST_F(CliTest, EveryCommandExitsZeroOnSuccessOneOnFailureTwoOnBadUsage) {
+  ASSERT_NE(WriteCheckpoints(), nullptr);
+  const std::string good = Path("ckpt/model.ckpt-8");
+  fs::create_directory(Path("empty"));
+  testing_support::WriteFile(Path("a_file"), "not a directory");
+  struct Case {
+    std::vector<std::string> args;
+    int exit_code;
+  };
+  const std::vector<Case> cases = {
+      {{"inspect", good}, kOk},
+      {{"inspect", Path("empty")}, kFailed},
+      {{"inspect"}, kUsage},
+      {{"inspect", good, "--jsn"}, kUsage},
+      {{"verify", good}, kOk},
+      {{"verify", Path("missing")}, kFailed},
+      {{"verify", good, good}, kUsage},
+      {{"latest", Path("ckpt")}, kOk},
+      {{"latest", Path("empty")}, kFailed},
+      {{"latest", "--dir", Path("ckpt")}, kUsage},
+      {{"train-sim", "--quiet", "--steps", "2", "--model_bytes", "64KiB", "--tensors", "1",
+        "--checkpoint_dir", Path("job")},
+       kOk},
+      // Its checkpoint_dir is a file: the job cannot start.
+      {{"train-sim", "--quiet", "--steps", "2", "--model_bytes", "64KiB", "--tensors", "1",
+        "--checkpoint_dir", Path("a_file")},
+       kFailed},
+      {{"train-sim", "--steps", "two"}, kUsage},
+      {{"train-sim", "--step_ms", "1e15"}, kUsage},
+      {{"frobnicate"}, kUsage},
+      {{}, kUsage},
+      {{"--help"}, kOk},
+  };
+  for (const Case& c : cases) {
+    const CliResult r = Run(c.args);
+    EXPECT_EQ(r.exit_code, c.exit_code) << ::testing::PrintToString(c.args) << "\n" << r;
+  }
 }
 
 TEST_F(CliTest, HelpExitsZeroForEveryCommand) {
@@ -271,14 +334,14 @@ TEST_F(CliTest, VerifyNamesATruncatedIndex) {
   ASSERT_NE(WriteCheckpoints(), nullptr);
   const std::string path = CopyCheckpoint("model.ckpt-4", "truncated");
   fs::resize_file(path + "/index", fs::file_size(path + "/index") / 2);
-  ExpectOneLineError(Run({"verify", path}), {path + "/index"});
-  ExpectOneLineError(Run({"inspect", path}), {path + "/index"});
+  ExpectOneLineError(Run({"verify", path}), kFailed, {path + "/index"});
+  ExpectOneLineError(Run({"inspect", path}), kFailed, {path + "/index"});
 }
 
 TEST_F(CliTest, VerifyNamesAMissingPath) {
   const std::string path = Path("no_such_checkpoint");
-  ExpectOneLineError(Run({"verify", path}), {path});
-  ExpectOneLineError(Run({"inspect", path}), {path});
+  ExpectOneLineError(Run({"verify", path}), kFailed, {path});
+  ExpectOneLineError(Run({"inspect", path}), kFailed, {path});
 }
 
 // ---- inspect -----------------------------------------------------------------------------------
@@ -359,8 +422,8 @@ TEST_F(CliTest, LatestPrintsTheLatestCheckpointPath) {
 
 TEST_F(CliTest, LatestOnAnEmptyDirectoryFailsNamingIt) {
   fs::create_directory(Path("empty"));
-  ExpectOneLineError(Run({"latest", Path("empty")}), {Path("empty")});
-  ExpectOneLineError(Run({"latest", Path("missing")}), {Path("missing")});
+  ExpectOneLineError(Run({"latest", Path("empty")}), kFailed, {Path("empty")});
+  ExpectOneLineError(Run({"latest", Path("missing")}), kFailed, {Path("missing")});
 }
 
 }  // namespace

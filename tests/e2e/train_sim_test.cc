@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -368,6 +369,129 @@ TEST_F(TrainSimTest, YardstickOffAndBufferedWritesStillSaveEveryStep) {
     EXPECT_FALSE(save.contains("blocked_over_memcpy")) << save.dump();
   }
   EXPECT_NE(run.out.find("state memcpy       not measured"), std::string::npos) << run.out;
+}
+
+// ---- sizes train-sim refuses before allocating -------------------------------------------------
+
+// What train-sim said when run with exactly `args` (after "train-sim"): a bad value is refused
+// before anything is allocated or written, with exit 2 and one line naming it.
+struct Refusal {
+  int exit_code = -1;
+  std::string err;
+};
+
+class TrainSimRefusesTest : public TrainSimTest {
+ protected:
+  Refusal Run(const std::vector<std::string>& args) {
+    std::vector<std::string> all = {"train-sim", "--quiet", "--checkpoint_dir", Path("job")};
+    all.insert(all.end(), args.begin(), args.end());
+    const std::string tag = Path("refused." + std::to_string(++runs_));
+    const CliRun run = testing_support::RunCli(all, tag + ".out", tag + ".err", kRunTimeout);
+    EXPECT_TRUE(run.exit_code.has_value())
+        << "train-sim " << ::testing::PrintToString(args) << " hung; killed: " << run.err;
+    return {run.exit_code.value_or(-1), run.err};
+  }
+
+  // Exit 2, one line on stderr holding every needle, and nothing created.
+  void ExpectRefused(const std::vector<std::string>& args,
+                     const std::vector<std::string>& needles) {
+    SCOPED_TRACE(::testing::PrintToString(args));
+    const Refusal r = Run(args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    for (const std::string& needle : needles) {
+      EXPECT_NE(r.err.find(needle), std::string::npos) << "no '" << needle << "' in: " << r.err;
+    }
+    EXPECT_FALSE(fs::exists(Path("job"))) << "train-sim started before refusing";
+  }
+};
+
+TEST_F(TrainSimRefusesTest, AModelLargerThanTheMachinesMemory) {
+  // Aborted with an uncaught std::bad_alloc before.
+  ExpectRefused({"--model_bytes", "1TiB"},
+                {"not enough memory for --model_bytes 1TiB", "needs 3.0 TiB", "available"});
+}
+
+TEST_F(TrainSimRefusesTest, SixteenGiBOnATwentyTwoGiBMachineSayingWhatWouldFit) {
+  // --max_memory stands in for a 24 GiB machine, whatever this one has.
+  ExpectRefused({"--model_bytes", "16GiB", "--max_memory", "22GiB"},
+                {"--model_bytes 16GiB", "needs 48.0 GiB", "state 16.0 GiB",
+                 "pinned staging of one snapshot 16.0 GiB", "memcpy yardstick copy 16.0 GiB",
+                 "--max_memory 22GiB says 22.0 GiB are available",
+                 "--memcpy_yardstick false and --staging_bytes"});
+  ExpectRefused({"--model_bytes", "16GiB", "--max_memory", "22GiB", "--memcpy_yardstick", "false"},
+                {"needs 32.0 GiB", "; --staging_bytes"});
+  ExpectRefused({"--model_bytes", "8GiB", "--max_memory", "22GiB"},
+                {"needs 24.0 GiB", "; --memcpy_yardstick false would make it fit"});
+}
+
+TEST_F(TrainSimRefusesTest, ShuffleBufferOrPrefetchAtTheirMaximumWithLargeRecords) {
+  // One record in the generated dataset: the old code wrote it, then aborted reserving 16 TiB.
+  const std::vector<std::string> small = {"--model_bytes",     "64KiB", "--tensors", "1",
+                                          "--dataset_records", "1"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), small.begin(), small.end());
+    return more;
+  };
+  ExpectRefused(with({"--shuffle_buffer", "16777216", "--record_bytes", "1048576"}),
+                {"not enough memory for --shuffle_buffer 16777216 and --prefetch 64 with "
+                 "--record_bytes 1048576",
+                 "input buffers 48.0 TiB"});
+  ExpectRefused(with({"--prefetch", "1048576", "--record_bytes", "1048576"}),
+                {"--prefetch 1048576 with --record_bytes 1048576", "input buffers 3.0 TiB"});
+  // An existing dataset sets the record size, not --record_bytes.
+  const std::string big_records = Path("big_records.bin");
+  ASSERT_TRUE(WriteRecordDataset(big_records, 2, 1 << 20, 1).ok());
+  ExpectRefused(with({"--dataset", big_records, "--shuffle_buffer", "16777216"}),
+                {"with records of 1048576 bytes in " + big_records});
+}
+
+TEST_F(TrainSimRefusesTest, AStepLongerThanAnHourQuotingTheValue) {
+  // Slept for 30 million years before.
+  ExpectRefused({"--step_ms", "1e15"}, {"--step_ms", "'1e15'", "3600000", "one hour"});
+  ExpectRefused({"--step_ms", "3600000.5"}, {"'3600000.5'"});
+}
+
+TEST_F(TrainSimRefusesTest, ChunksBelow4KiBSayingWhy) {
+  // Padded every element to 4 KiB before: a 64 KiB state made a 66 MB checkpoint.
+  ExpectRefused({"--chunk_bytes", "1"},
+                {"--chunk_bytes must be at least 4KiB, got '1'", "padded to 4 KiB"});
+  ExpectRefused({"--chunk_bytes", "4095"}, {"got '4095'"});
+}
+
+TEST_F(TrainSimTest, FourKiBChunksKeepTheCheckpointNearTheStatesSize) {
+  const std::string dir = Path("small_chunks");
+  std::vector<std::string> args = Args(dir, 4, {"--compression", "none"});
+  const auto chunk_flag = std::find(args.begin(), args.end(), "--chunk_bytes");
+  ASSERT_NE(chunk_flag, args.end());
+  *(chunk_flag + 1) = "4KiB";
+  const CliRun run = testing_support::RunCli(args, dir + ".out", dir + ".err", kRunTimeout);
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  uint64_t on_disk = 0;
+  for (const auto& entry : fs::directory_iterator(dir + "/model.ckpt-4")) {
+    on_disk += entry.file_size();
+  }
+  const uint64_t state = 2ull << 20;  // kModelBytes
+  EXPECT_LE(on_disk, state + state / 10);
+}
+
+// The memory check reads what the machine has, not an address-space limit: under `ulimit -v`
+// an allocation fails mid-start-up, and that is one clear line and exit 1, not an abort.
+TEST_F(TrainSimTest, AnAllocationFailureIsAClearErrorAndExitOneNotAnAbort) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "sanitizer runtimes cannot start under an address-space limit";
+#endif
+  const std::string command =
+      "ulimit -v 1048576 && exec '" + testing_support::CliPath() +
+      "' train-sim --quiet --steps 1 --model_bytes 2GiB --memcpy_yardstick false "
+      "--staging_bytes 64MiB --checkpoint_dir '" +
+      Path("job") + "' >'" + Path("ulimit.out") + "' 2>'" + Path("ulimit.err") + "'";
+  const int status = std::system(command.c_str());
+  const std::string err = ReadFile(Path("ulimit.err"));
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status << ": " << err;
+  EXPECT_EQ(WEXITSTATUS(status), 1) << err;
+  EXPECT_NE(err.find("asyncckpt train-sim: out of memory"), std::string::npos) << err;
+  EXPECT_EQ(err.find("terminate called"), std::string::npos) << err;
 }
 
 // ---- resume ------------------------------------------------------------------------------------
