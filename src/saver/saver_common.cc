@@ -57,6 +57,39 @@ Result<SaveSchedule> SaveSchedule::Create(const SaverOptions& options) {
   return SaveSchedule(std::move(timer));
 }
 
+namespace {
+
+// Runs a callable when the scope ends, however it ends.
+template <typename F>
+class ScopeExit {
+ public:
+  explicit ScopeExit(F f) : f_(std::move(f)) {}
+  ~ScopeExit() { f_(); }
+  ScopeExit(const ScopeExit&) = delete;
+  ScopeExit& operator=(const ScopeExit&) = delete;
+
+ private:
+  F f_;
+};
+
+Status LockDirectory(io::FileSystem& fs, const SaverOptions& options,
+                     std::unique_ptr<io::FileLock>* lock) {
+  const std::string path =
+      JoinCheckpointPath(options.checkpoint_dir, DirectoryLockFileName(options.basename));
+  const Status locked = ToStatus(fs.lock_file(path, lock));
+  if (locked.code() == StatusCode::kFailedPrecondition) {
+    return Status::FailedPrecondition("checkpoint_dir " + options.checkpoint_dir +
+                                      " is in use by another job: " + locked.message() +
+                                      " (one writer per checkpoint_dir and basename '" +
+                                      options.basename + "')");
+  }
+  return locked.WithContext("locking checkpoint_dir " + options.checkpoint_dir);
+}
+
+}  // namespace
+
+std::string DirectoryLockFileName(const std::string& basename) { return basename + ".lock"; }
+
 Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options,
                                                      const std::string& state_file_name) {
   fs = options.file_system;
@@ -70,6 +103,14 @@ Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options
   }
   RETURN_IF_ERROR(
       ToStatus(fs->create_dirs(options.checkpoint_dir)).WithContext("creating checkpoint_dir"));
+  // Locked before anything in the directory is looked at or removed: another job's temporaries
+  // are its saves in progress, not debris.
+  if (lock == nullptr) RETURN_IF_ERROR(LockDirectory(*fs, options, &lock));
+  // A start that fails below leaves the directory to whoever comes next.
+  bool started = false;
+  const ScopeExit unlock_unless_started([&] {
+    if (!started) lock.reset();
+  });
   manager = std::make_unique<CheckpointManager>(
       fs, options.checkpoint_dir, options.basename, options.max_to_keep,
       options.keep_checkpoint_every_n_hours, options.clock, state_file_name);
@@ -78,6 +119,7 @@ Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options
     LogLine("removed " + options.checkpoint_dir + "/" + name + " left by an interrupted save");
   }
   RETURN_IF_ERROR(manager->Recover());
+  started = true;
   return removed;
 }
 
