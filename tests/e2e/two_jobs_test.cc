@@ -111,23 +111,26 @@ TEST_F(TwoJobsTest, SecondJobIsRefusedNamingTheFirstsPidAndTheFirstFinishesUntou
   const pid_t first_pid = first.pid();
   const std::string holder = "pid=" + std::to_string(first_pid) + " ";
 
-  // Both of its hooks hold their locks once both lock files name it.
+  // Caught once it has committed its first checkpoint: by then every hook's begin() ran, and
+  // both its locks are held.
   const auto deadline = std::chrono::steady_clock::now() + kRunTimeout;
-  auto holds = [&](const char* lock) { return ReadFile(dir + "/" + lock).rfind(holder, 0) == 0; };
-  while (!(holds("model.ckpt.lock") && holds("input.ckpt.lock"))) {
-    ASSERT_TRUE(first.Running()) << "the first job ended before it was seen holding its locks: "
+  while (!fs::exists(dir + "/checkpoint")) {
+    ASSERT_TRUE(first.Running()) << "the first job ended before its first checkpoint: "
                                  << first.err();
-    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "never took its locks";
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "no checkpoint yet";
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  // Frozen mid-run: a holder empties its lock file before releasing, so a stopped process
-  // whose file still names it holds the lock for as long as it stays stopped.
   ASSERT_EQ(::kill(first_pid, SIGSTOP), 0) << std::strerror(errno);
   while (!AllThreadsStopped(first_pid)) {
+    ASSERT_TRUE(first.Running()) << "the first job ended before it stopped: " << first.err();
     ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "did not stop";
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  ASSERT_TRUE(holds("model.ckpt.lock")) << "it finished before it was stopped";
+  // A holder empties its lock file before releasing it, so a stopped process whose files
+  // still name it holds both locks for as long as it stays stopped.
+  auto holds = [&](const char* lock) { return ReadFile(dir + "/" + lock).rfind(holder, 0) == 0; };
+  EXPECT_TRUE(holds("model.ckpt.lock")) << ReadFile(dir + "/model.ckpt.lock");
+  EXPECT_TRUE(holds("input.ckpt.lock")) << ReadFile(dir + "/input.ckpt.lock");
   const auto before = Snapshot(dir);
 
   const CliRun second = Run(Args(dir, kSteps, /*seed=*/2, Path("second.json")));
