@@ -16,6 +16,30 @@ struct FaultInjectionFileSystem::FileState {
   uint64_t writes = 0;       // bumped by every write, to spot writes racing a sync
 };
 
+namespace {
+
+// The bytes a short transfer of n moves: the first half, in whole 4 KiB blocks on a direct
+// file (whose writes must stay aligned).
+size_t ShortLength(size_t n, bool direct) {
+  size_t half = n / 2;
+  if (direct) half -= half % 4096;
+  return half;
+}
+
+// The failure an injected fault reports; `done` of `n` bytes were transferred first when the
+// fault is a short transfer.
+IoStatus InjectedFailure(int errno_value, FaultMode mode, std::string_view verb,
+                         std::string_view subject, size_t done = 0, size_t n = 0) {
+  std::string detail = "injected fault";
+  if (mode == FaultMode::kShortTransfer && n > 0) {
+    detail += " after " + std::to_string(done) + " of " + std::to_string(n) + " bytes";
+  }
+  return IoStatus(errno_value,
+                  IoStatus::FromErrno(errno_value, verb, subject).message() + " (" + detail + ")");
+}
+
+}  // namespace
+
 class FaultInjectionFileSystem::FaultFile final : public File {
  public:
   FaultFile(FaultInjectionFileSystem* fs, std::unique_ptr<File> inner,
@@ -32,27 +56,31 @@ class FaultInjectionFileSystem::FaultFile final : public File {
   IoStatus size(uint64_t* bytes) override { return inner_->size(bytes); }
 
   IoStatus write_at(uint64_t offset, const void* data, size_t n) override {
-    IoStatus s = fs_->Check(FaultOp::kWrite, "write", DescribeOffset(path(), offset), {path()});
-    if (!s.ok()) return s;
-    if (state_ != nullptr) fs_->MarkDirty(*state_);
-    return inner_->write_at(offset, data, n);
+    const Injected fault = fs_->Check(FaultOp::kWrite, {path()});
+    if (state_ != nullptr && (fault.errno_value == 0 || fault.mode == FaultMode::kShortTransfer)) {
+      fs_->MarkDirty(*state_);
+    }
+    if (fault.errno_value == 0) return inner_->write_at(offset, data, n);
+    return TransferPartly(fault, "write", offset, n,
+                          [&](size_t done) { return inner_->write_at(offset, data, done); });
   }
 
   IoStatus read_at(uint64_t offset, void* data, size_t n) override {
-    IoStatus s = fs_->Check(FaultOp::kRead, "read", DescribeOffset(path(), offset), {path()});
-    if (!s.ok()) return s;
-    return inner_->read_at(offset, data, n);
+    const Injected fault = fs_->Check(FaultOp::kRead, {path()});
+    if (fault.errno_value == 0) return inner_->read_at(offset, data, n);
+    return TransferPartly(fault, "read", offset, n,
+                          [&](size_t done) { return inner_->read_at(offset, data, done); });
   }
 
   IoStatus truncate(uint64_t bytes) override {
-    IoStatus s = fs_->Check(FaultOp::kTruncate, "truncate", path(), {path()});
+    IoStatus s = fs_->CheckFail(FaultOp::kTruncate, "truncate", path(), {path()});
     if (!s.ok()) return s;
     if (state_ != nullptr) fs_->MarkDirty(*state_);
     return inner_->truncate(bytes);
   }
 
   IoStatus sync() override {
-    IoStatus s = fs_->Check(FaultOp::kSync, "sync", path(), {path()});
+    IoStatus s = fs_->CheckFail(FaultOp::kSync, "sync", path(), {path()});
     if (!s.ok() || state_ == nullptr) return s.ok() ? inner_->sync() : s;
     uint64_t writes_before;
     {
@@ -71,6 +99,20 @@ class FaultInjectionFileSystem::FaultFile final : public File {
   }
 
  private:
+  // What a write or read hit by `fault` does: a short transfer first moves its share through
+  // `transfer(bytes)`; then the injected failure.
+  template <typename Transfer>
+  IoStatus TransferPartly(const Injected& fault, std::string_view verb, uint64_t offset, size_t n,
+                          Transfer transfer) {
+    size_t done = 0;
+    if (fault.mode == FaultMode::kShortTransfer) done = ShortLength(n, is_direct());
+    if (done > 0) {
+      if (IoStatus s = transfer(done); !s.ok()) return s;
+    }
+    return InjectedFailure(fault.errno_value, fault.mode, verb, DescribeOffset(path(), offset),
+                           done, n);
+  }
+
   FaultInjectionFileSystem* fs_;
   std::unique_ptr<File> inner_;
   std::shared_ptr<FileState> state_;
@@ -94,55 +136,73 @@ std::string FaultInjectionFileSystem::name() const {
   return "fault_injection(" + target()->name() + ")";
 }
 
-IoStatus FaultInjectionFileSystem::Check(FaultOp op, std::string_view verb,
-                                         std::string_view subject,
-                                         std::initializer_list<std::string_view> paths) {
-  int error_number = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++count_;
-    if (fail_at_ != 0 && count_ >= fail_at_) {
-      error_number = fail_after_errno_;
-    } else {
-      for (const Rule& rule : rules_) {
-        if ((static_cast<uint32_t>(rule.ops) & static_cast<uint32_t>(op)) == 0) continue;
-        for (std::string_view path : paths) {
-          if (path.find(rule.path_substring) != std::string_view::npos) {
-            error_number = rule.errno_value;
-            break;
-          }
+FaultInjectionFileSystem::Injected FaultInjectionFileSystem::Check(
+    FaultOp op, std::initializer_list<std::string_view> paths) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++count_;
+  Injected fault;
+  if (fail_at_ != 0 && (fail_once_ ? count_ == fail_at_ : count_ >= fail_at_)) {
+    fault = positional_;
+  } else {
+    for (const Rule& rule : rules_) {
+      if ((static_cast<uint32_t>(rule.ops) & static_cast<uint32_t>(op)) == 0) continue;
+      for (std::string_view path : paths) {
+        if (path.find(rule.path_substring) != std::string_view::npos) {
+          fault = Injected{rule.errno_value, rule.mode};
+          break;
         }
-        if (error_number != 0) break;
       }
+      if (fault.errno_value != 0) break;
     }
   }
-  if (error_number == 0) return IoStatus::Ok();
-  return IoStatus(error_number,
-                  IoStatus::FromErrno(error_number, verb, subject).message() + " (injected fault)");
+  if (fault.errno_value != 0) ++injected_;
+  return fault;
 }
 
-void FaultInjectionFileSystem::fail_after(uint64_t n, int errno_value) {
+IoStatus FaultInjectionFileSystem::CheckFail(FaultOp op, std::string_view verb,
+                                             std::string_view subject,
+                                             std::initializer_list<std::string_view> paths) {
+  const Injected fault = Check(op, paths);
+  if (fault.errno_value == 0) return IoStatus::Ok();
+  return InjectedFailure(fault.errno_value, fault.mode, verb, subject);
+}
+
+void FaultInjectionFileSystem::fail_after(uint64_t n, int errno_value, FaultMode mode) {
   std::lock_guard<std::mutex> lock(mu_);
   fail_at_ = count_ + (n == 0 ? 1 : n);
-  fail_after_errno_ = errno_value;
+  fail_once_ = false;
+  positional_ = Injected{errno_value, mode};
+}
+
+void FaultInjectionFileSystem::fail_at(uint64_t n, int errno_value, FaultMode mode) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fail_at_ = count_ + (n == 0 ? 1 : n);
+  fail_once_ = true;
+  positional_ = Injected{errno_value, mode};
 }
 
 void FaultInjectionFileSystem::fail_ops_matching(std::string path_substring, int errno_value,
-                                                 FaultOp ops) {
+                                                 FaultOp ops, FaultMode mode) {
   std::lock_guard<std::mutex> lock(mu_);
-  rules_.push_back({std::move(path_substring), errno_value, ops});
+  rules_.push_back({std::move(path_substring), errno_value, ops, mode});
 }
 
 void FaultInjectionFileSystem::clear_faults() {
   std::lock_guard<std::mutex> lock(mu_);
   fail_at_ = 0;
-  fail_after_errno_ = 0;
+  fail_once_ = false;
+  positional_ = Injected{};
   rules_.clear();
 }
 
 uint64_t FaultInjectionFileSystem::operation_count() const {
   std::lock_guard<std::mutex> lock(mu_);
   return count_;
+}
+
+uint64_t FaultInjectionFileSystem::injected_count() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return injected_;
 }
 
 std::shared_ptr<FaultInjectionFileSystem::FileState> FaultInjectionFileSystem::TrackFile(
@@ -168,13 +228,19 @@ void FaultInjectionFileSystem::MarkDirty(FileState& state) {
 
 IoStatus FaultInjectionFileSystem::open(const std::string& path, const OpenOptions& options,
                                         std::unique_ptr<File>* file) {
-  if (IoStatus s = Check(FaultOp::kOpen, "open", path, {path}); !s.ok()) return s;
+  if (IoStatus s = CheckFail(FaultOp::kOpen, "open", path, {path}); !s.ok()) return s;
   std::unique_ptr<File> inner;
   if (IoStatus s = target()->open(path, options, &inner); !s.ok()) return s;
   std::shared_ptr<FileState> state;
   if (options.write) state = TrackFile(path, options.truncate);
   *file = std::make_unique<FaultFile>(this, std::move(inner), std::move(state));
   return IoStatus::Ok();
+}
+
+IoStatus FaultInjectionFileSystem::lock_file(const std::string& path,
+                                             std::unique_ptr<FileLock>* lock) {
+  if (IoStatus s = CheckFail(FaultOp::kLock, "lock", path, {path}); !s.ok()) return s;
+  return target()->lock_file(path, lock);
 }
 
 template <typename Op>
@@ -185,17 +251,25 @@ IoStatus FaultInjectionFileSystem::RunBatch(std::span<const Op> ops, FaultOp kin
   IoStatus fault;
   for (const Op& op : ops) {
     auto* wrapped = dynamic_cast<FaultFile*>(op.file);
-    if (op.file != nullptr) {
-      const std::string& path = op.file->path();
-      fault = Check(kind, verb, DescribeOffset(path, op.offset), {path});
-      if (!fault.ok()) break;
-    }
     Op inner = op;
-    if (wrapped != nullptr) {
-      inner.file = wrapped->inner();
-      if (kind == FaultOp::kWrite && wrapped->state() != nullptr) MarkDirty(*wrapped->state());
+    if (wrapped != nullptr) inner.file = wrapped->inner();
+    Injected injected;
+    if (op.file != nullptr) injected = Check(kind, {op.file->path()});
+    size_t done = op.length;
+    if (injected.errno_value != 0) {
+      done = injected.mode == FaultMode::kShortTransfer
+                 ? ShortLength(op.length, op.file->is_direct())
+                 : 0;
+      fault = InjectedFailure(injected.errno_value, injected.mode, verb,
+                              DescribeOffset(op.file->path(), op.offset), done, op.length);
+      if (done == 0) break;
+      inner.length = done;
+    }
+    if (kind == FaultOp::kWrite && wrapped != nullptr && wrapped->state() != nullptr) {
+      MarkDirty(*wrapped->state());
     }
     inner_ops.push_back(inner);
+    if (!fault.ok()) break;
   }
   if (!inner_ops.empty()) {
     if (IoStatus s = (target()->*batch)(inner_ops); !s.ok()) return s;
@@ -212,14 +286,14 @@ IoStatus FaultInjectionFileSystem::read_batch(std::span<const ReadOp> ops) {
 }
 
 IoStatus FaultInjectionFileSystem::create_dir(const std::string& path) {
-  if (IoStatus s = Check(FaultOp::kCreateDir, "create directory", path, {path}); !s.ok()) {
+  if (IoStatus s = CheckFail(FaultOp::kCreateDir, "create directory", path, {path}); !s.ok()) {
     return s;
   }
   return target()->create_dir(path);
 }
 
 IoStatus FaultInjectionFileSystem::create_dirs(const std::string& path) {
-  if (IoStatus s = Check(FaultOp::kCreateDir, "create directory", path, {path}); !s.ok()) {
+  if (IoStatus s = CheckFail(FaultOp::kCreateDir, "create directory", path, {path}); !s.ok()) {
     return s;
   }
   return target()->create_dirs(path);
@@ -239,14 +313,14 @@ void FaultInjectionFileSystem::ForgetPaths(const std::string& path) {
 }
 
 IoStatus FaultInjectionFileSystem::remove_file(const std::string& path) {
-  if (IoStatus s = Check(FaultOp::kRemove, "remove file", path, {path}); !s.ok()) return s;
+  if (IoStatus s = CheckFail(FaultOp::kRemove, "remove file", path, {path}); !s.ok()) return s;
   IoStatus s = target()->remove_file(path);
   if (s.ok()) ForgetPaths(path);
   return s;
 }
 
 IoStatus FaultInjectionFileSystem::remove_tree(const std::string& path) {
-  if (IoStatus s = Check(FaultOp::kRemove, "remove tree", path, {path}); !s.ok()) return s;
+  if (IoStatus s = CheckFail(FaultOp::kRemove, "remove tree", path, {path}); !s.ok()) return s;
   IoStatus s = target()->remove_tree(path);
   if (s.ok()) ForgetPaths(path);
   return s;
@@ -268,7 +342,7 @@ void FaultInjectionFileSystem::MovePathsLocked(
 }
 
 IoStatus FaultInjectionFileSystem::rename(const std::string& from, const std::string& to) {
-  if (IoStatus s = Check(FaultOp::kRename, "rename", from + " to " + to, {from, to}); !s.ok()) {
+  if (IoStatus s = CheckFail(FaultOp::kRename, "rename", from + " to " + to, {from, to}); !s.ok()) {
     return s;
   }
   IoStatus s = target()->rename(from, to);
@@ -282,7 +356,7 @@ IoStatus FaultInjectionFileSystem::rename(const std::string& from, const std::st
 }
 
 IoStatus FaultInjectionFileSystem::exchange(const std::string& a, const std::string& b) {
-  if (IoStatus s = Check(FaultOp::kRename, "exchange", a + " with " + b, {a, b}); !s.ok()) {
+  if (IoStatus s = CheckFail(FaultOp::kRename, "exchange", a + " with " + b, {a, b}); !s.ok()) {
     return s;
   }
   IoStatus s = target()->exchange(a, b);
@@ -296,7 +370,7 @@ IoStatus FaultInjectionFileSystem::exchange(const std::string& a, const std::str
 }
 
 IoStatus FaultInjectionFileSystem::sync_dir(const std::string& path) {
-  if (IoStatus s = Check(FaultOp::kSyncDir, "sync directory", path, {path}); !s.ok()) return s;
+  if (IoStatus s = CheckFail(FaultOp::kSyncDir, "sync directory", path, {path}); !s.ok()) return s;
   return target()->sync_dir(path);
 }
 

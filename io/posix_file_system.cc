@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -112,6 +113,162 @@ IoStatus RemoveContents(int dir_fd, const std::string& path) {
   return IoStatus::Ok();
 }
 
+// pwrite() until all n bytes are written at offset.
+IoStatus WriteFully(int fd, const std::string& path, uint64_t offset, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  size_t done = 0;
+  while (done < n) {
+    ssize_t rc = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (rc < 0) {
+      if (IsRetryable(errno)) continue;
+      return IoStatus::FromErrno(errno, "write", DescribeOffset(path, offset + done));
+    }
+    // pwrite() never returns 0 for a regular file with bytes left; retrying would spin.
+    if (rc == 0) return IoStatus::FromErrno(EIO, "write", DescribeOffset(path, offset + done));
+    done += static_cast<size_t>(rc);
+  }
+  return IoStatus::Ok();
+}
+
+// What `mode` says a path is, for messages: "a FIFO", "a directory", ...
+const char* FileKind(mode_t mode) {
+  if (S_ISREG(mode)) return "a regular file";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "a special file";
+}
+
+IoStatus NotARegularFile(const std::string& path, mode_t mode) {
+  return IoStatus(S_ISDIR(mode) ? EISDIR : EINVAL,
+                  path + " is " + FileKind(mode) + ", not a regular file");
+}
+
+// The failure of `op` on `path` after the kernel said ENOTDIR: names the first component of
+// `path` that exists but is not a directory, and what it is.
+IoStatus NotADirectory(std::string_view op, const std::string& path) {
+  for (size_t end = 1; end <= path.size(); ++end) {
+    if (end < path.size() && path[end] != '/') continue;
+    const std::string prefix = path.substr(0, end);
+    struct stat st;
+    if (::stat(prefix.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) continue;
+    // The path itself, where a directory was wanted (list_dir, sync_dir, create_dirs).
+    std::string reason = prefix + " is " + FileKind(st.st_mode) + ", not a directory";
+    if (end == path.size()) return IoStatus(ENOTDIR, std::move(reason));
+    return IoStatus(ENOTDIR, std::string(op) + " " + path + ": " + reason);
+  }
+  return IoStatus::FromErrno(ENOTDIR, op, path);
+}
+
+// The failure of `op` on `path` for errno `error_number`, with ENOTDIR explained.
+IoStatus OpenFailure(int error_number, std::string_view op, const std::string& path) {
+  if (error_number == ENOTDIR) return NotADirectory(op, path);
+  return IoStatus::FromErrno(error_number, op, path);
+}
+
+bool IsRegularFile(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// Fails unless `fd`, opened with O_NONBLOCK, is a regular file, and then clears O_NONBLOCK:
+// on a regular file io_uring would otherwise answer -EAGAIN where it should wait for the disk.
+IoStatus RequireRegularFile(int fd, const std::string& path) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return IoStatus::FromErrno(errno, "stat", path);
+  if (!S_ISREG(st.st_mode)) return NotARegularFile(path, st.st_mode);
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return IoStatus::FromErrno(errno, "clear O_NONBLOCK on", path);
+  }
+  return IoStatus::Ok();
+}
+
+// open(2) with O_NONBLOCK, so that a FIFO or a device at `path` cannot make it wait for a
+// writer or a carrier; RequireRegularFile() then rejects those. Returns the descriptor or -1
+// with errno set.
+int OpenNonBlocking(const std::string& path, int flags) {
+  bool nonblock = true;
+  for (;;) {
+    int fd = ::open(path.c_str(), flags | (nonblock ? O_NONBLOCK : 0), 0666);
+    if (fd >= 0) return fd;
+    if (errno == EINTR) continue;
+    // A regular file under a lease (an NFS or Samba server's) answers EWOULDBLOCK to
+    // O_NONBLOCK instead of waiting until the lease holder lets go (at most
+    // /proc/sys/fs/lease-break-time): that wait is bounded, so take it.
+    if (errno == EWOULDBLOCK && nonblock && IsRegularFile(path)) {
+      nonblock = false;
+      continue;
+    }
+    if (errno == ENXIO) {
+      // A socket, or a device without a driver: reported as what it is by the caller.
+      const int error_number = errno;
+      struct stat st;
+      const bool special = ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode);
+      errno = special ? EINVAL : error_number;
+    }
+    return -1;
+  }
+}
+
+// The holder a lock file names ("pid 1234 on host h"), read from its open descriptor.
+std::string DescribeLockHolder(int fd) {
+  char buffer[256];
+  const ssize_t got = ::pread(fd, buffer, sizeof(buffer) - 1, 0);
+  const std::string_view text(buffer, got > 0 ? static_cast<size_t>(got) : 0);
+  const std::string_view line = text.substr(0, text.find('\n'));
+  constexpr std::string_view kPid = "pid=", kHost = " host=";
+  const size_t host_at = line.find(kHost);
+  if (line.substr(0, kPid.size()) == kPid && host_at != std::string_view::npos) {
+    const std::string_view pid = line.substr(kPid.size(), host_at - kPid.size());
+    const std::string_view host = line.substr(host_at + kHost.size());
+    const bool digits = !pid.empty() && pid.size() <= 20 &&
+                        pid.find_first_not_of("0123456789") == std::string_view::npos;
+    if (digits && !host.empty() && host.size() <= 255) {
+      std::string printable(host);
+      for (char& c : printable) {
+        if (c < '!' || c > '~') c = '?';
+      }
+      return "pid " + std::string(pid) + " on host " + printable;
+    }
+  }
+  return "another process (the file does not name it)";
+}
+
+// "pid=<pid> host=<host name>\n", what a lock holder writes into its lock file.
+std::string LockHolderLine() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
+    std::snprintf(host, sizeof(host), "unknown");
+  }
+  return "pid=" + std::to_string(::getpid()) + " host=" + host + "\n";
+}
+
+// A flock() on an open descriptor. The lock belongs to the open file description, which a
+// child forked without exec shares (O_CLOEXEC covers exec): the explicit LOCK_UN releases it
+// even while such a child still holds a copy of the descriptor.
+class PosixFileLock final : public FileLock {
+ public:
+  PosixFileLock(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixFileLock() override {
+    // Emptied first, so a file that still names a holder is one whose lock is (or was, when
+    // the holder died) held; a failure only leaves a stale name behind.
+    (void)::ftruncate(fd_, 0);
+    (void)::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+  PosixFileLock(const PosixFileLock&) = delete;
+  PosixFileLock& operator=(const PosixFileLock&) = delete;
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
 template <typename Op, typename Call>
 IoStatus RunBatch(std::span<const Op> ops, const char* batch_name, Call call) {
   for (size_t i = 0; i < ops.size(); ++i) {
@@ -144,19 +301,7 @@ PosixFile::~PosixFile() {
 }
 
 IoStatus PosixFile::write_at(uint64_t offset, const void* data, size_t n) {
-  const char* p = static_cast<const char*>(data);
-  size_t done = 0;
-  while (done < n) {
-    ssize_t rc = ::pwrite(fd_, p + done, n - done, static_cast<off_t>(offset + done));
-    if (rc < 0) {
-      if (IsRetryable(errno)) continue;
-      return IoStatus::FromErrno(errno, "write", DescribeOffset(path_, offset + done));
-    }
-    // pwrite() never returns 0 for a regular file with bytes left; retrying would spin.
-    if (rc == 0) return IoStatus::FromErrno(EIO, "write", DescribeOffset(path_, offset + done));
-    done += static_cast<size_t>(rc);
-  }
-  return IoStatus::Ok();
+  return WriteFully(fd_, path_, offset, data, n);
 }
 
 IoStatus PosixFile::read_at(uint64_t offset, void* data, size_t n) {
@@ -206,23 +351,66 @@ IoStatus OpenPosixFile(const std::string& path, const OpenOptions& options,
   bool direct = options.direct;
   int fd;
   for (;;) {
-    fd = ::open(path.c_str(), flags | (direct ? O_DIRECT : 0), 0666);
+    fd = OpenNonBlocking(path, flags | (direct ? O_DIRECT : 0));
     if (fd >= 0) break;
-    if (errno == EINTR) continue;
     // Some file systems (older tmpfs, some FUSE) refuse O_DIRECT: go buffered instead.
     if (errno == EINVAL && direct) {
       direct = false;
       continue;
     }
-    return IoStatus::FromErrno(errno, "open", path);
+    int error_number = errno;
+    struct stat st;
+    if (error_number == EINVAL && ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      return NotARegularFile(path, st.st_mode);
+    }
+    return OpenFailure(error_number, "open", path);
   }
-  *file = std::make_unique<PosixFile>(path, fd, direct);
+  ScopedFd owned(fd);
+  if (IoStatus s = RequireRegularFile(owned.get(), path); !s.ok()) return s;
+  *file = std::make_unique<PosixFile>(path, owned.release(), direct);
   return IoStatus::Ok();
 }
 
 IoStatus PosixFileSystem::open(const std::string& path, const OpenOptions& options,
                                std::unique_ptr<File>* file) {
   return OpenPosixFile(path, options, file);
+}
+
+IoStatus PosixFileSystem::lock_file(const std::string& path, std::unique_ptr<FileLock>* lock) {
+  // flock(), not fcntl() byte-range locks: it belongs to the open file description, so two
+  // lock_file() calls of one process conflict as two processes do, and closing some other
+  // descriptor of the file never drops it (a classic fcntl lock dies with any close()).
+  // O_NOFOLLOW: a symlink planted at `path` must not make us truncate the file it names.
+  const int fd = OpenNonBlocking(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    const int error_number = errno;
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      return NotARegularFile(path, st.st_mode);
+    }
+    return OpenFailure(error_number, "open lock file", path);
+  }
+  ScopedFd owned(fd);
+  if (IoStatus s = RequireRegularFile(owned.get(), path); !s.ok()) return s;
+  int rc;
+  do {
+    rc = ::flock(owned.get(), LOCK_EX | LOCK_NB);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    if (errno == EWOULDBLOCK) {
+      return IoStatus(EWOULDBLOCK, path + " is held by " + DescribeLockHolder(owned.get()));
+    }
+    return IoStatus::FromErrno(errno, "lock", path);
+  }
+  const std::string holder = LockHolderLine();
+  if (::ftruncate(owned.get(), 0) != 0) {
+    return IoStatus::FromErrno(errno, "truncate lock file", path);
+  }
+  if (IoStatus s = WriteFully(owned.get(), path, 0, holder.data(), holder.size()); !s.ok()) {
+    return s;
+  }
+  *lock = std::make_unique<PosixFileLock>(path, owned.release());
+  return IoStatus::Ok();
 }
 
 IoStatus PosixFileSystem::write_batch(std::span<const WriteOp> ops) {
@@ -237,7 +425,7 @@ IoStatus PosixFileSystem::read_batch(std::span<const ReadOp> ops) {
 }
 
 IoStatus PosixFileSystem::create_dir(const std::string& path) {
-  if (::mkdir(path.c_str(), 0777) != 0) return IoStatus::FromErrno(errno, "create directory", path);
+  if (::mkdir(path.c_str(), 0777) != 0) return OpenFailure(errno, "create directory", path);
   return IoStatus::Ok();
 }
 
@@ -253,9 +441,9 @@ IoStatus PosixFileSystem::create_dirs(const std::string& path) {
     struct stat st;
     if (error_number == EEXIST && ::stat(prefix.c_str(), &st) == 0) {
       if (S_ISDIR(st.st_mode)) continue;
-      error_number = ENOTDIR;
+      return IoStatus(ENOTDIR, prefix + " is " + FileKind(st.st_mode) + ", not a directory");
     }
-    return IoStatus::FromErrno(error_number, "create directory", prefix);
+    return OpenFailure(error_number, "create directory", prefix);
   }
   return IoStatus::Ok();
 }
@@ -297,13 +485,13 @@ IoStatus PosixFileSystem::exchange(const std::string& a, const std::string& b) {
 
 IoStatus PosixFileSystem::list_dir(const std::string& path, std::vector<std::string>* names) {
   int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return IoStatus::FromErrno(errno, "list directory", path);
+  if (fd < 0) return OpenFailure(errno, "list directory", path);
   return ReadNames(fd, path, names);
 }
 
 IoStatus PosixFileSystem::sync_dir(const std::string& path) {
   ScopedFd dir(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir.get() < 0) return IoStatus::FromErrno(errno, "open directory", path);
+  if (dir.get() < 0) return OpenFailure(errno, "open directory", path);
   if (RetryOnEintr(::fsync, dir.get()) != 0) {
     return IoStatus::FromErrno(errno, "sync directory", path);
   }
@@ -344,6 +532,12 @@ IoStatus PosixFileSystem::entry_type(const std::string& path, EntryType* type) {
     *type = EntryType::kDirectory;
   } else if (S_ISLNK(st.st_mode)) {
     *type = EntryType::kSymlink;
+  } else if (S_ISFIFO(st.st_mode)) {
+    *type = EntryType::kFifo;
+  } else if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) {
+    *type = EntryType::kDevice;
+  } else if (S_ISSOCK(st.st_mode)) {
+    *type = EntryType::kSocket;
   } else {
     *type = EntryType::kOther;
   }

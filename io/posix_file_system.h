@@ -49,6 +49,8 @@ class PosixFile final : public File {
 
 /// Opens `path` with O_CLOEXEC; options.direct adds O_DIRECT, dropped again (is_direct()
 /// false) when the file system answers EINVAL. New files get mode 0666 less the umask.
+/// Opened with O_NONBLOCK and checked with fstat() at once: anything but a regular file is
+/// refused (see FileSystem) before it is read, and O_NONBLOCK is cleared on a regular file.
 IoStatus OpenPosixFile(const std::string& path, const OpenOptions& options,
                        std::unique_ptr<File>* file);
 
@@ -63,6 +65,8 @@ class PosixFileSystem : public FileSystem {
   std::string name() const override { return "posix"; }
   IoStatus open(const std::string& path, const OpenOptions& options,
                 std::unique_ptr<File>* file) override;
+  /// flock(LOCK_EX | LOCK_NB) on a descriptor opened O_NOFOLLOW | O_CLOEXEC.
+  IoStatus lock_file(const std::string& path, std::unique_ptr<FileLock>* lock) override;
   IoStatus write_batch(std::span<const WriteOp> ops) override;
   IoStatus read_batch(std::span<const ReadOp> ops) override;
   IoStatus create_dir(const std::string& path) override;

@@ -82,6 +82,15 @@ class File {
   virtual int fd() const = 0;
 };
 
+/// An exclusive advisory lock on a file (FileSystem::lock_file), held until destroyed.
+class FileLock {
+ public:
+  /// Releases the lock.
+  virtual ~FileLock() = default;
+  /// The lock file's path, as given to lock_file().
+  virtual const std::string& path() const = 0;
+};
+
 /// One positional write in a batch. The buffer and the file stay alive until the batch returns.
 struct WriteOp {
   File* file = nullptr;
@@ -108,19 +117,39 @@ enum class EntryType {
   kDirectory,
   /// A symbolic link (whatever it points at, if anything).
   kSymlink,
-  /// Anything else: a FIFO, a socket, a device.
+  /// A FIFO (named pipe): opening it for reading blocks until a writer comes.
+  kFifo,
+  /// A character or block device.
+  kDevice,
+  /// A Unix domain socket.
+  kSocket,
+  /// Anything else.
   kOther,
 };
 
 /// Files and directories. Implementations are thread-safe.
+///
+/// No call blocks on a special file: open() and lock_file() fail (EISDIR for a directory,
+/// EINVAL for anything else, message "<path> is a FIFO, not a regular file") when the path is
+/// not a regular file, and the directory calls fail with ENOTDIR ("<path> is a FIFO, not a
+/// directory") when a path they need as a directory is something else.
 class FileSystem {
  public:
   virtual ~FileSystem() = default;
   /// "posix", "io_uring", or a wrapper's name.
   virtual std::string name() const = 0;
-  /// Opens (and maybe creates) a file.
+  /// Opens (and maybe creates) a regular file.
   virtual IoStatus open(const std::string& path, const OpenOptions& options,
                         std::unique_ptr<File>* file) = 0;
+  /// Takes an exclusive advisory lock on the regular file `path` (created, mode 0666 less the
+  /// umask, when missing; a symlink is refused) without waiting. On success *lock holds it
+  /// and the file reads "pid=<pid> host=<host name>\n"; destroying *lock empties the file and
+  /// releases the lock, and the file stays. The lock belongs to the returned object, not to
+  /// the process: a second lock_file() of the same file fails while *lock lives, from this
+  /// process as from any other, with EWOULDBLOCK and the message "<path> is held by pid
+  /// <pid> on host <host>" (as the file names its holder). Advisory: only lock_file() callers
+  /// respect it.
+  virtual IoStatus lock_file(const std::string& path, std::unique_ptr<FileLock>* lock) = 0;
   /// Performs every write; returns the first failure after all submitted ones finished.
   virtual IoStatus write_batch(std::span<const WriteOp> ops) = 0;
   /// Performs every read (each exactly its length); returns the first failure.
@@ -160,6 +189,9 @@ class FileSystemWrapper : public FileSystem {
   IoStatus open(const std::string& path, const OpenOptions& options,
                 std::unique_ptr<File>* file) override {
     return target_->open(path, options, file);
+  }
+  IoStatus lock_file(const std::string& path, std::unique_ptr<FileLock>* lock) override {
+    return target_->lock_file(path, lock);
   }
   IoStatus write_batch(std::span<const WriteOp> ops) override { return target_->write_batch(ops); }
   IoStatus read_batch(std::span<const ReadOp> ops) override { return target_->read_batch(ops); }

@@ -250,6 +250,7 @@ class CheckpointInputPipelineHook::Impl {
     if (!restore_done_) status = RestoreOrSaveInitial();
     if (status.ok() && schedule_.final_save_needed(step)) status = Save(step);
     Status saved = WaitUntilSaved();
+    storage_.ReleaseLock();  // the engine is idle: every save is durable or failed
     return status.ok() ? saved : status;
   }
 

@@ -107,6 +107,7 @@ class AsyncCheckpointSaverHook::Impl {
     Status saved = WaitUntilSaved();
     if (status.ok()) status = saved;
     for (auto* listener : listeners_) listener->end(step);
+    storage_.ReleaseLock();  // the engine is idle: every save is durable or failed
     return status;
   }
 

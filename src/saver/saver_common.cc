@@ -73,6 +73,39 @@ Result<SaveSchedule> SaveSchedule::Create(const SaverOptions& options) {
   return SaveSchedule(std::move(timer));
 }
 
+namespace {
+
+// Runs a callable when the scope ends, however it ends.
+template <typename F>
+class ScopeExit {
+ public:
+  explicit ScopeExit(F f) : f_(std::move(f)) {}
+  ~ScopeExit() { f_(); }
+  ScopeExit(const ScopeExit&) = delete;
+  ScopeExit& operator=(const ScopeExit&) = delete;
+
+ private:
+  F f_;
+};
+
+Status LockDirectory(io::FileSystem& fs, const SaverOptions& options,
+                     std::unique_ptr<io::FileLock>* lock) {
+  const std::string path =
+      JoinCheckpointPath(options.checkpoint_dir, DirectoryLockFileName(options.basename));
+  const Status locked = ToStatus(fs.lock_file(path, lock));
+  if (locked.code() == StatusCode::kFailedPrecondition) {
+    return Status::FailedPrecondition("checkpoint_dir " + options.checkpoint_dir +
+                                      " is in use by another job: " + locked.message() +
+                                      " (one writer per checkpoint_dir and basename '" +
+                                      options.basename + "')");
+  }
+  return locked.WithContext("locking checkpoint_dir " + options.checkpoint_dir);
+}
+
+}  // namespace
+
+std::string DirectoryLockFileName(const std::string& basename) { return basename + ".lock"; }
+
 Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options,
                                                      const std::string& state_file_name,
                                                      const CheckpointPartner& partner) {
@@ -87,6 +120,14 @@ Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options
   }
   RETURN_IF_ERROR(
       ToStatus(fs->create_dirs(options.checkpoint_dir)).WithContext("creating checkpoint_dir"));
+  // Locked before anything in the directory is looked at or removed: another job's temporaries
+  // are its saves in progress, not debris.
+  if (lock == nullptr) RETURN_IF_ERROR(LockDirectory(*fs, options, &lock));
+  // A start that fails below leaves the directory to whoever comes next.
+  bool started = false;
+  const ScopeExit unlock_unless_started([&] {
+    if (!started) lock.reset();
+  });
   CheckpointManagerOptions manager_options{
       .checkpoint_dir = options.checkpoint_dir,
       .basename = options.basename,
@@ -105,6 +146,7 @@ Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options
   }
   manager = std::make_unique<CheckpointManager>(fs, std::move(manager_options), options.clock);
   ASSIGN_OR_RETURN(StartupReport report, manager->Start());
+  started = true;
   return std::move(report.removed);
 }
 
@@ -158,6 +200,13 @@ Result<ValidCheckpoint> ValidateIndexAndSizes(io::FileSystem& fs,
   for (uint32_t i = 0; i < index.num_data_files; ++i) {
     const std::string data_path =
         checkpoint_path + "/" + format::DataFileName(i, index.num_data_files);
+    // Sized, never opened: a FIFO named like a data file has size 0 and would block a read.
+    io::EntryType type = io::EntryType::kNone;
+    RETURN_IF_ERROR(ToStatus(fs.entry_type(data_path, &type)));
+    if (type != io::EntryType::kFile && type != io::EntryType::kNone) {
+      return Status::Corruption("checkpoint " + checkpoint_path + ": data file " + data_path +
+                                " is " + DescribeEntryType(type) + ", not a regular file");
+    }
     uint64_t data_size = 0;
     const io::IoStatus sized = fs.file_size(data_path, &data_size);
     if (sized.error_number() == ENOENT) {

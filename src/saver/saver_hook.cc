@@ -52,6 +52,7 @@ class CheckpointSaverHook::Impl {
       status = Save(step, &stop);
     }
     for (auto* listener : listeners_) listener->end(step);
+    storage_.ReleaseLock();  // every save of this hook is durable or failed by now
     return status;
   }
 

@@ -90,7 +90,9 @@ std::string NameProblem(std::string_view name) {
   return {};
 }
 
-std::string Describe(io::EntryType type) {
+}  // namespace
+
+std::string DescribeEntryType(io::EntryType type) {
   switch (type) {
     case io::EntryType::kNone:
       return "missing";
@@ -100,11 +102,19 @@ std::string Describe(io::EntryType type) {
       return "a directory";
     case io::EntryType::kSymlink:
       return "a symlink";
+    case io::EntryType::kFifo:
+      return "a FIFO";
+    case io::EntryType::kDevice:
+      return "a device";
+    case io::EntryType::kSocket:
+      return "a socket";
     case io::EntryType::kOther:
       break;
   }
   return "a special file";
 }
+
+namespace {
 
 bool IsExchangeUnsupported(const io::IoStatus& status) {
   const int e = status.error_number();
@@ -328,7 +338,8 @@ Result<CheckpointState> ReadCheckpointState(io::FileSystem& fs, const std::strin
   RETURN_IF_ERROR(ToStatus(fs.entry_type(path, &type)));
   if (type == io::EntryType::kNone) return Status::NotFound("no state file " + path);
   if (type != io::EntryType::kFile) {
-    return Status::Corruption(path + ": the state file is " + Describe(type) +
+    // The message reads as the backends' open does ("<path> is a FIFO, not a regular file").
+    return Status::Corruption("the state file " + path + " is " + DescribeEntryType(type) +
                               ", not a regular file");
   }
   uint64_t size = 0;
@@ -482,7 +493,8 @@ Result<ValidCheckpoint> IndexFileExists(io::FileSystem& fs, const std::string& c
     return Status::NotFound("checkpoint " + checkpoint_path + " has no index file");
   }
   if (type != io::EntryType::kFile) {
-    return Status::Corruption("index " + index_path + " is not a regular file");
+    return Status::Corruption("index " + index_path + " is " + DescribeEntryType(type) +
+                              ", not a regular file");
   }
   return ValidCheckpoint{};
 }
@@ -629,7 +641,7 @@ class StartupPass {
       const io::EntryType expected =
           directory_kind ? io::EntryType::kDirectory : io::EntryType::kFile;
       if (status.ok() && type != expected) {
-        LogLine("start-up left " + Path(name) + " alone: it is " + Describe(type) +
+        LogLine("start-up left " + Path(name) + " alone: it is " + DescribeEntryType(type) +
                 ", which this library never writes under that name");
         continue;
       }
@@ -695,8 +707,8 @@ class StartupPass {
     }
     if (type == io::EntryType::kNone) return Drop(name, "does not exist");
     if (type != io::EntryType::kDirectory) {
-      return Drop(name,
-                  "is " + Describe(type) + ", not a checkpoint directory; it is left untouched");
+      return Drop(name, "is " + DescribeEntryType(type) +
+                            ", not a checkpoint directory; it is left untouched");
     }
     const Result<ValidCheckpoint> valid = Validate(name);
     switch (Classify(valid.status())) {
@@ -728,7 +740,7 @@ class StartupPass {
       }
       if (type != io::EntryType::kDirectory) {
         if (type != io::EntryType::kNone) {
-          LogLine("start-up left " + Path(name) + " alone: it is " + Describe(type) +
+          LogLine("start-up left " + Path(name) + " alone: it is " + DescribeEntryType(type) +
                   ", not a checkpoint directory");
         }
         continue;
@@ -1009,7 +1021,7 @@ void CheckpointManager::DeleteCheckpointLocked(const std::string& name) {
   io::IoStatus typed = fs_->entry_type(path, &type);
   if (typed.ok() && type == io::EntryType::kNone) return;  // already gone
   if (typed.ok() && type != io::EntryType::kDirectory) {
-    LogLine("retention left " + path + " alone: it is " + Describe(type) +
+    LogLine("retention left " + path + " alone: it is " + DescribeEntryType(type) +
             ", not a checkpoint directory this library wrote");
     return;
   }
@@ -1098,7 +1110,8 @@ Result<std::string> StateFileProblem(io::FileSystem& fs, const std::string& dir,
     io::EntryType type = io::EntryType::kNone;
     RETURN_IF_ERROR(ToStatus(fs.entry_type(path, &type)));
     if (type != io::EntryType::kDirectory) {
-      return "state file " + state_path + " names " + name + ", which is " + Describe(type);
+      return "state file " + state_path + " names " + name + ", which is " +
+             DescribeEntryType(type);
     }
     const Result<ValidCheckpoint> valid = validator(path);
     if (Classify(valid.status()) == Verdict::kIncomplete) {

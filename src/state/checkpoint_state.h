@@ -32,6 +32,10 @@ namespace asyncckpt {
 /// The largest state file that is read; a larger one is Corruption (a hostile or wrong file).
 inline constexpr uint64_t kMaxCheckpointStateFileBytes = uint64_t{16} << 20;
 
+/// "a FIFO", "a directory", "missing", ...: what an entry is, for messages such as
+/// "<path> is a FIFO, not a regular file".
+std::string DescribeEntryType(io::EntryType type);
+
 /// OK when `name` may name an entry of a checkpoint directory, else InvalidArgument saying why.
 Status ValidateCheckpointName(std::string_view name);
 

@@ -11,6 +11,10 @@ Status ToStatus(const io::IoStatus& status) {
       return Status::NotFound(status.message());
     case EEXIST:
       return Status::AlreadyExists(status.message());
+    case EWOULDBLOCK:
+      // Only FileSystem::lock_file() reports it (transfers retry EAGAIN, its twin): another
+      // holder of the lock, which waiting in this process will not remove.
+      return Status::FailedPrecondition(status.message());
     default:
       return Status::IOError(status.message());
   }

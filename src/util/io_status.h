@@ -7,7 +7,8 @@
 
 namespace asyncckpt {
 
-/// OK, NotFound for ENOENT, AlreadyExists for EEXIST, else IOError; the message is kept.
+/// OK, NotFound for ENOENT, AlreadyExists for EEXIST, FailedPrecondition for EWOULDBLOCK (a
+/// lock another holder has), else IOError; the message is kept.
 Status ToStatus(const io::IoStatus& status);
 
 }  // namespace asyncckpt

@@ -998,7 +998,7 @@ TEST_F(CheckpointStateTest, EntryTypeSeesSymlinksAndSpecialFilesAsThemselves) {
   const std::vector<std::pair<std::string, io::EntryType>> expected = {
       {"dir", io::EntryType::kDirectory},   {"dir/index", io::EntryType::kFile},
       {"link", io::EntryType::kSymlink},    {"dangling", io::EntryType::kSymlink},
-      {"fifo", io::EntryType::kOther},      {"missing", io::EntryType::kNone},
+      {"fifo", io::EntryType::kFifo},      {"missing", io::EntryType::kNone},
       {"dir/index/x", io::EntryType::kNone}};
   for (const auto& [name, type] : expected) {
     io::EntryType seen = io::EntryType::kFile;

@@ -99,6 +99,8 @@ class CliProcess {
 
   /// True when the process was started.
   bool started() const { return spawn_error_ == 0; }
+  /// Its process id; -1 once it has been reaped (or when it never started).
+  pid_t pid() const { return pid_; }
   /// The errno value posix_spawn returned; 0 when it started.
   int spawn_error() const { return spawn_error_; }
   /// Sends SIGKILL if the process has not been reaped yet.

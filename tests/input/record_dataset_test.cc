@@ -5,8 +5,11 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +20,7 @@
 
 #include "asyncckpt/input_pipeline.h"
 #include "tests/support/files.h"
+#include "tests/support/watchdog.h"
 
 namespace asyncckpt {
 namespace {
@@ -454,6 +458,30 @@ TEST_F(RecordDatasetTest, OpenRefusesBadFilesNamingThem) {
   // A zero record size with a valid checksum.
   WriteFile(path_, EncodeHeader(5, 0, "ACKPTDS1"));
   expect_refused(StatusCode::kCorruption, "promises");
+}
+
+TEST_F(RecordDatasetTest, OpenOfAFifoOrADirectoryFailsAtOnceNamingIt) {
+  ASSERT_EQ(::mkfifo(path_.c_str(), 0644), 0) << std::strerror(errno);
+  // In a child under a watchdog: an open() that blocked on the FIFO would never return.
+  const testing_support::ChildOutcome outcome = testing_support::RunInChild(
+      [&](std::string* message) {
+        auto it = RecordDatasetIterator::Open(Options(4, 1));
+        *message = it.ok() ? "opened" : it.status().ToString();
+        return it.ok() ? 1 : 0;
+      },
+      std::chrono::seconds(60));
+  ASSERT_TRUE(outcome.ended_on_its_own) << "opening a FIFO as the dataset blocked";
+  EXPECT_EQ(outcome.exit_code, 0);
+  EXPECT_EQ(outcome.message,
+            "IOError: opening the dataset: " + path_ + " is a FIFO, not a regular file");
+
+  fs::remove(path_);
+  fs::create_directory(path_);
+  auto it = RecordDatasetIterator::Open(Options(4, 1));
+  ASSERT_FALSE(it.ok());
+  EXPECT_NE(it.status().message().find(path_ + " is a directory, not a regular file"),
+            std::string::npos)
+      << it.status().ToString();
 }
 
 // The prefetch thread blocks on a full queue; destruction must wake and join it wherever it is.

@@ -6,9 +6,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "asyncckpt/file_system.h"
@@ -212,6 +214,158 @@ TEST_P(FaultInjectionFileSystemTest, ConcurrentOperationsAreCounted) {
   for (auto& thread : threads) thread.join();
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(failures[t], 0);
   EXPECT_EQ(fs_->operation_count(), before + kThreads * (kWrites + kWrites / 50));
+}
+
+TEST_P(FaultInjectionFileSystemTest, EveryKindOfOperationASaveUsesIsCountedAndCanFail) {
+  auto file = Create("f");
+  ASSERT_TRUE(file->write_at(0, "0123456789", 10).ok());
+  ASSERT_TRUE(fs_->create_dir(Path("d")).ok());
+  char byte;
+  std::vector<WriteOp> writes = {{file.get(), 0, "x", 1}};
+  std::vector<ReadOp> reads = {{file.get(), 0, &byte, 1}};
+  std::unique_ptr<FileLock> lock;
+  std::unique_ptr<File> opened;
+  // One call of each counted kind, as a full save makes them.
+  const std::vector<std::pair<std::string, std::function<IoStatus()>>> calls = {
+      {"open", [&] { return fs_->open(Path("f"), OpenOptions{}, &opened); }},
+      {"write_at", [&] { return file->write_at(0, "x", 1); }},
+      {"write_batch", [&] { return fs_->write_batch(writes); }},
+      {"read_at", [&] { return file->read_at(0, &byte, 1); }},
+      {"read_batch", [&] { return fs_->read_batch(reads); }},
+      {"sync", [&] { return file->sync(); }},
+      {"truncate", [&] { return file->truncate(10); }},
+      {"create_dir", [&] { return fs_->create_dir(Path("d2")); }},
+      {"create_dirs", [&] { return fs_->create_dirs(Path("d3/e")); }},
+      {"rename", [&] { return fs_->rename(Path("d"), Path("d4")); }},
+      {"exchange", [&] { return fs_->exchange(Path("d"), Path("f")); }},
+      {"remove_file", [&] { return fs_->remove_file(Path("f")); }},
+      {"remove_tree", [&] { return fs_->remove_tree(Path("d")); }},
+      {"sync_dir", [&] { return fs_->sync_dir(root_); }},
+      {"lock_file", [&] { return fs_->lock_file(Path("model.ckpt.lock"), &lock); }},
+  };
+  for (const auto& [what, call] : calls) {
+    SCOPED_TRACE(what);
+    const uint64_t count = fs_->operation_count();
+    const uint64_t injected = fs_->injected_count();
+    fs_->fail_at(1, EIO);
+    IoStatus s = call();
+    EXPECT_EQ(s.error_number(), EIO) << s.message();
+    EXPECT_NE(s.message().find("(injected fault)"), std::string::npos) << s.message();
+    EXPECT_EQ(fs_->operation_count(), count + 1);
+    EXPECT_EQ(fs_->injected_count(), injected + 1);
+  }
+  // Nothing happened underneath.
+  EXPECT_TRUE(Exists("f"));
+  EXPECT_TRUE(Exists("d"));
+  EXPECT_FALSE(Exists("d2"));
+  EXPECT_FALSE(Exists("d4"));
+  EXPECT_FALSE(Exists("model.ckpt.lock"));
+  EXPECT_EQ(SizeOf("f"), 10u);
+}
+
+TEST_P(FaultInjectionFileSystemTest, FailAtFailsOnlyThatOperation) {
+  auto file = Create("once");
+  fs_->fail_at(2, EIO);
+  EXPECT_TRUE(file->write_at(0, "a", 1).ok());
+  EXPECT_EQ(file->write_at(1, "b", 1).error_number(), EIO);
+  EXPECT_TRUE(file->write_at(1, "b", 1).ok());
+  EXPECT_TRUE(file->sync().ok());
+  EXPECT_EQ(fs_->injected_count(), 1u);
+  EXPECT_EQ(SizeOf("once"), 2u);
+}
+
+TEST_P(FaultInjectionFileSystemTest, ShortWriteWritesTheFirstHalfThenFails) {
+  auto file = Create("full");
+  fs_->fail_after(1, ENOSPC, FaultMode::kShortTransfer);
+  IoStatus s = file->write_at(0, "0123456789", 10);
+  EXPECT_EQ(s.error_number(), ENOSPC);
+  EXPECT_EQ(s.message(), "write " + Path("full") + " at offset 0: " + std::strerror(ENOSPC) +
+                             " (injected fault after 5 of 10 bytes)");
+  EXPECT_EQ(SizeOf("full"), 5u);
+  // A disk that stays full: the next write fails too, after its own half.
+  EXPECT_EQ(file->write_at(5, "abcd", 4).error_number(), ENOSPC);
+  EXPECT_EQ(SizeOf("full"), 7u);
+  // Other kinds fail plainly.
+  s = fs_->sync_dir(root_);
+  EXPECT_EQ(s.error_number(), ENOSPC);
+  EXPECT_EQ(s.message().find("after"), std::string::npos) << s.message();
+  fs_->clear_faults();
+  // The half that was written is unsynced like any write: a crash drops it.
+  file.reset();
+  ASSERT_TRUE(fs_->drop_unsynced_data().ok());
+  EXPECT_FALSE(Exists("full"));
+}
+
+TEST_P(FaultInjectionFileSystemTest, ShortReadReadsTheFirstHalfThenFails) {
+  auto file = Create("r");
+  ASSERT_TRUE(file->write_at(0, "abcdefgh", 8).ok());
+  std::string back(8, '.');
+  fs_->fail_at(1, EIO, FaultMode::kShortTransfer);
+  IoStatus s = file->read_at(0, back.data(), 8);
+  EXPECT_EQ(s.error_number(), EIO);
+  EXPECT_NE(s.message().find("after 4 of 8 bytes"), std::string::npos) << s.message();
+  EXPECT_EQ(back, "abcd....");
+}
+
+TEST_P(FaultInjectionFileSystemTest, ShortTransferInABatchPerformsTheOpsBeforeAndHalfOfTheHitOne) {
+  auto file = Create("batch");
+  std::vector<std::string> chunks = {"aaaa", "bbbb", "cccc", "dddd"};
+  std::vector<WriteOp> writes;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    writes.push_back({file.get(), i * 4, chunks[i].data(), 4});
+  }
+  const uint64_t before = fs_->operation_count();
+  fs_->fail_at(3, ENOSPC, FaultMode::kShortTransfer);
+  IoStatus s = fs_->write_batch(writes);
+  EXPECT_EQ(s.error_number(), ENOSPC);
+  EXPECT_NE(s.message().find(Path("batch") + " at offset 8"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("after 2 of 4 bytes"), std::string::npos) << s.message();
+  EXPECT_EQ(fs_->operation_count(), before + 3);
+  EXPECT_EQ(SizeOf("batch"), 10u);
+  std::string back(10, '\0');
+  std::vector<ReadOp> reads = {{file.get(), 0, back.data(), 10}};
+  ASSERT_TRUE(fs_->read_batch(reads).ok());
+  EXPECT_EQ(back, "aaaabbbbcc");
+}
+
+TEST_P(FaultInjectionFileSystemTest, ShortTransferOnADirectFileKeepsWholeBlocks) {
+  std::unique_ptr<File> file;
+  OpenOptions options;
+  options.write = options.create = options.truncate = options.direct = true;
+  ASSERT_TRUE(fs_->open(Path("direct"), options, &file).ok());
+  if (!file->is_direct()) GTEST_SKIP() << "O_DIRECT is not supported here";
+  constexpr size_t kBytes = 3 * 4096;
+  void* raw = nullptr;
+  ASSERT_EQ(::posix_memalign(&raw, 4096, kBytes), 0);
+  std::unique_ptr<void, decltype(&std::free)> buffer(raw, &std::free);
+  std::memset(raw, 'z', kBytes);
+  fs_->fail_at(1, ENOSPC, FaultMode::kShortTransfer);
+  IoStatus s = file->write_at(0, raw, kBytes);
+  EXPECT_EQ(s.error_number(), ENOSPC);
+  EXPECT_NE(s.message().find("after 4096 of 12288 bytes"), std::string::npos) << s.message();
+  EXPECT_EQ(SizeOf("direct"), 4096u);
+}
+
+TEST_P(FaultInjectionFileSystemTest, MatchingRulesCanBeShortTransfers) {
+  fs_->fail_ops_matching("data-", ENOSPC, FaultOp::kWrite, FaultMode::kShortTransfer);
+  auto data = Create("data-00000-of-00001");
+  auto index = Create("index");
+  EXPECT_TRUE(index->write_at(0, "12", 2).ok());
+  EXPECT_EQ(data->write_at(0, "12", 2).error_number(), ENOSPC);
+  EXPECT_EQ(SizeOf("data-00000-of-00001"), 1u);
+}
+
+TEST_P(FaultInjectionFileSystemTest, LocksPassThroughAndConflictWithTheTargetsOwn) {
+  std::unique_ptr<FileLock> through_wrapper, direct;
+  ASSERT_TRUE(fs_->lock_file(Path("x.lock"), &through_wrapper).ok());
+  EXPECT_EQ(base_->lock_file(Path("x.lock"), &direct).error_number(), EWOULDBLOCK);
+  through_wrapper.reset();
+  EXPECT_TRUE(base_->lock_file(Path("x.lock"), &direct).ok());
+  fs_->fail_ops_matching("x.lock", ENOLCK, FaultOp::kLock);
+  IoStatus s = fs_->lock_file(Path("y/x.lock"), &through_wrapper);
+  EXPECT_EQ(s.error_number(), ENOLCK);
+  EXPECT_EQ(s.message(),
+            "lock " + Path("y/x.lock") + ": " + std::strerror(ENOLCK) + " (injected fault)");
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, FaultInjectionFileSystemTest,

@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstddef>
 #include <cstdlib>
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "asyncckpt/file_system.h"
+#include "tests/support/watchdog.h"
 
 namespace asyncckpt::io {
 namespace {
@@ -45,6 +47,11 @@ std::vector<char> Pattern(size_t n, unsigned seed) {
     b = static_cast<char>(x >> 24);
   }
   return bytes;
+}
+
+std::string ReadHostFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 void WriteHostFile(const std::string& path, const std::string& text) {
@@ -406,6 +413,208 @@ TEST_P(FileSystemTest, SyncDirSucceedsAndNamesMissingDir) {
   IoStatus s = fs_->sync_dir(Path("nope"));
   EXPECT_EQ(s.error_number(), ENOENT);
   EXPECT_NE(s.message().find(Path("nope")), std::string::npos);
+}
+
+// ---- special files: refused at once, never blocked on ------------------------------------------
+
+// Longest a child may take before the watchdog calls it hung (not a timing assertion).
+constexpr auto kHangLimit = std::chrono::seconds(30);
+
+// Opens `path` in a child under the watchdog; the child's message is the failure, its exit code
+// 0 when the open failed (as it must), 1 when it succeeded.
+testing_support::ChildOutcome OpenInChild(FileSystem* fs, const std::string& path,
+                                          const OpenOptions& options) {
+  return testing_support::RunInChild(
+      [&](std::string* message) {
+        std::unique_ptr<File> file;
+        const IoStatus s = fs->open(path, options, &file);
+        *message = std::to_string(s.error_number()) + " " + s.message();
+        return s.ok() ? 1 : 0;
+      },
+      kHangLimit);
+}
+
+TEST_P(FileSystemTest, OpeningAFifoFailsAtOnceNamingItForReadAndWrite) {
+  const std::string fifo = Path("checkpoint");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0) << std::strerror(errno);
+  OpenOptions write;
+  write.write = write.create = write.truncate = true;
+  for (const OpenOptions& options : {OpenOptions{}, write}) {
+    const testing_support::ChildOutcome outcome = OpenInChild(fs_.get(), fifo, options);
+    ASSERT_TRUE(outcome.ended_on_its_own)
+        << "open of a FIFO blocked (write=" << options.write << "); the watchdog killed it";
+    EXPECT_EQ(outcome.exit_code, 0) << "a FIFO was opened as a file";
+    EXPECT_EQ(outcome.message,
+              std::to_string(EINVAL) + " " + fifo + " is a FIFO, not a regular file");
+  }
+}
+
+TEST_P(FileSystemTest, OpeningADeviceOrADirectoryIsRefusedNamingWhatItIs) {
+  std::unique_ptr<File> file;
+  IoStatus s = fs_->open("/dev/null", OpenOptions{}, &file);
+  EXPECT_EQ(s.error_number(), EINVAL);
+  EXPECT_EQ(s.message(), "/dev/null is a character device, not a regular file");
+  s = fs_->open(root_, OpenOptions{}, &file);
+  EXPECT_EQ(s.error_number(), EISDIR);
+  EXPECT_EQ(s.message(), root_ + " is a directory, not a regular file");
+  EXPECT_EQ(file, nullptr);
+}
+
+TEST_P(FileSystemTest, OpenedRegularFilesAreBlockingAgain) {
+  auto file = OpenForWrite(Path("f"));
+  ASSERT_NE(file, nullptr);
+  // A descriptor left O_NONBLOCK would make io_uring answer -EAGAIN instead of waiting.
+  EXPECT_EQ(::fcntl(file->fd(), F_GETFL) & O_NONBLOCK, 0);
+}
+
+TEST_P(FileSystemTest, PathsThroughANonDirectoryNameTheComponent) {
+  WriteHostFile(Path("plain"), "x");
+  ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0644), 0) << std::strerror(errno);
+  std::unique_ptr<File> file;
+  IoStatus s = fs_->open(Path("plain/index"), OpenOptions{}, &file);
+  EXPECT_EQ(s.error_number(), ENOTDIR);
+  EXPECT_EQ(s.message(), "open " + Path("plain/index") + ": " + Path("plain") +
+                             " is a regular file, not a directory");
+  std::vector<std::string> names;
+  s = fs_->list_dir(Path("fifo"), &names);
+  EXPECT_EQ(s.error_number(), ENOTDIR);
+  EXPECT_EQ(s.message(), Path("fifo") + " is a FIFO, not a directory");
+  s = fs_->sync_dir(Path("plain"));
+  EXPECT_EQ(s.message(), Path("plain") + " is a regular file, not a directory");
+  s = fs_->create_dirs(Path("fifo/sub"));
+  EXPECT_EQ(s.message(), Path("fifo") + " is a FIFO, not a directory");
+}
+
+// ---- lock_file --------------------------------------------------------------------------------
+
+std::string HolderLine() {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return "pid=" + std::to_string(::getpid()) + " host=" + host + "\n";
+}
+
+TEST_P(FileSystemTest, LockConflictsWithinOneProcessAndNamesTheHolder) {
+  const std::string path = Path("model.ckpt.lock");
+  std::unique_ptr<FileLock> first;
+  IoStatus s = fs_->lock_file(path, &first);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(first->path(), path);
+  EXPECT_EQ(ReadHostFile(path), HolderLine());
+
+  std::unique_ptr<FileLock> second;
+  s = fs_->lock_file(path, &second);
+  EXPECT_EQ(s.error_number(), EWOULDBLOCK);
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  EXPECT_EQ(s.message(),
+            path + " is held by pid " + std::to_string(::getpid()) + " on host " + host);
+  EXPECT_EQ(second, nullptr);
+  EXPECT_EQ(ReadHostFile(path), HolderLine()) << "the refusal wrote";
+}
+
+TEST_P(FileSystemTest, LockIsReleasedAndEmptiedByItsDestructionAndTheFileStays) {
+  const std::string path = Path("model.ckpt.lock");
+  std::unique_ptr<FileLock> lock;
+  ASSERT_TRUE(fs_->lock_file(path, &lock).ok());
+  lock.reset();
+  EXPECT_TRUE(std::filesystem::exists(path));
+  EXPECT_EQ(ReadHostFile(path), "");
+  IoStatus s = fs_->lock_file(path, &lock);
+  EXPECT_TRUE(s.ok()) << s.message();
+}
+
+TEST_P(FileSystemTest, ClosingAnotherDescriptorOfTheLockFileKeepsTheLock) {
+  // The trap of classic fcntl() locks: any close() of the file by the process drops them.
+  const std::string path = Path("model.ckpt.lock");
+  std::unique_ptr<FileLock> lock;
+  ASSERT_TRUE(fs_->lock_file(path, &lock).ok());
+  OpenForRead(path).reset();
+  std::unique_ptr<FileLock> again;
+  EXPECT_EQ(fs_->lock_file(path, &again).error_number(), EWOULDBLOCK);
+}
+
+TEST_P(FileSystemTest, LockHeldByAnotherProcessNamesItsPid) {
+  const std::string path = Path("model.ckpt.lock");
+  int ready[2], done[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(done), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0) << std::strerror(errno);
+  if (child == 0) {
+    // Holds the lock until the parent closes `done`.
+    ::close(ready[0]);
+    ::close(done[1]);
+    std::unique_ptr<FileLock> lock;
+    const char ok = fs_->lock_file(path, &lock).ok() ? 'y' : 'n';
+    (void)!::write(ready[1], &ok, 1);
+    char byte;
+    (void)!::read(done[0], &byte, 1);
+    lock.reset();
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  ::close(done[0]);
+  char ok = 0;
+  ASSERT_EQ(::read(ready[0], &ok, 1), 1);
+  ASSERT_EQ(ok, 'y');
+  std::unique_ptr<FileLock> lock;
+  IoStatus s = fs_->lock_file(path, &lock);
+  EXPECT_EQ(s.error_number(), EWOULDBLOCK);
+  EXPECT_NE(s.message().find(path + " is held by pid " + std::to_string(child) + " on host "),
+            std::string::npos)
+      << s.message();
+  ::close(done[1]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ::close(ready[0]);
+  s = fs_->lock_file(path, &lock);
+  EXPECT_TRUE(s.ok()) << "not released when its holder ended: " << s.message();
+}
+
+TEST_P(FileSystemTest, ReleasedLockIsFreeWhileAForkedChildStillHasTheDescriptor) {
+  const std::string path = Path("model.ckpt.lock");
+  std::unique_ptr<FileLock> lock;
+  ASSERT_TRUE(fs_->lock_file(path, &lock).ok());
+  int done[2];
+  ASSERT_EQ(::pipe(done), 0);
+  const pid_t child = ::fork();  // a DataLoader-style worker: forked, never exec'd
+  ASSERT_GE(child, 0) << std::strerror(errno);
+  if (child == 0) {
+    ::close(done[1]);
+    char byte;
+    (void)!::read(done[0], &byte, 1);
+    ::_exit(0);
+  }
+  ::close(done[0]);
+  lock.reset();
+  std::unique_ptr<FileLock> again;
+  IoStatus s = fs_->lock_file(path, &again);
+  EXPECT_TRUE(s.ok()) << "the forked child kept the released lock: " << s.message();
+  ::close(done[1]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+}
+
+TEST_P(FileSystemTest, LockFileThatIsASymlinkOrAFifoIsRefusedAndLeftAlone) {
+  WriteHostFile(Path("notes"), "my notes");
+  ASSERT_EQ(::symlink(Path("notes").c_str(), Path("link.lock").c_str()), 0);
+  std::unique_ptr<FileLock> lock;
+  IoStatus s = fs_->lock_file(Path("link.lock"), &lock);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), Path("link.lock") + " is a symbolic link, not a regular file");
+  EXPECT_EQ(ReadHostFile(Path("notes")), "my notes");
+
+  ASSERT_EQ(::mkfifo(Path("fifo.lock").c_str(), 0644), 0) << std::strerror(errno);
+  const testing_support::ChildOutcome outcome = testing_support::RunInChild(
+      [&](std::string* message) {
+        std::unique_ptr<FileLock> held;
+        *message = fs_->lock_file(Path("fifo.lock"), &held).message();
+        return held == nullptr ? 0 : 1;
+      },
+      kHangLimit);
+  ASSERT_TRUE(outcome.ended_on_its_own) << "locking a FIFO blocked";
+  EXPECT_EQ(outcome.exit_code, 0);
+  EXPECT_EQ(outcome.message, Path("fifo.lock") + " is a FIFO, not a regular file");
 }
 
 TEST(IoStatusTest, FromErrnoNamesOpPathAndReason) {
