@@ -10,8 +10,10 @@
 // failures are reported with IoStatus (an errno and a message naming the operation and the
 // path), which the library turns into an asyncckpt::Status in one place.
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -127,6 +129,62 @@ enum class EntryType {
   kOther,
 };
 
+/// A buffer that a backend may register with the kernel for zero-copy I/O (io_uring's fixed
+/// buffers). Not owned.
+struct IoBuffer {
+  /// First byte.
+  void* data = nullptr;
+  /// Bytes.
+  size_t length = 0;
+};
+
+/// Called once for every request of an IoQueue with the request's tag and its outcome.
+using IoCallback = std::function<void(uint64_t tag, IoStatus status)>;
+
+/// Most threads of the default (thread-pool) IoQueue: enough to keep a local SSD's queue busy
+/// with O_DIRECT requests, few enough not to crowd the training job's cores.
+inline constexpr unsigned kMaxPoolQueueThreads = 16;
+
+/// Options of an IoQueue.
+struct IoQueueOptions {
+  /// Most requests in flight at once; requests beyond it wait in the queue, in order.
+  unsigned depth = 64;
+  /// Called once per request, on one of the queue's own threads (never the submitter's),
+  /// possibly concurrently for different requests. It may submit more requests; it must not
+  /// call drain() or destroy the queue, and should return quickly: while it runs, that thread
+  /// completes nothing else.
+  IoCallback on_complete;
+};
+
+/// Asynchronous positional reads and writes, for pipelines that must keep the device busy
+/// without a thread blocked per request (the engine's write stage, the reader's restore).
+///
+/// A request is submitted with a tag and never waits for I/O: it goes to the device at once
+/// when fewer than depth() are in flight, else it waits its turn in the queue. Each request
+/// completes exactly once, through options.on_complete, with the same contract as the
+/// synchronous calls: a write writes all its bytes (short writes continued, EINTR/EAGAIN
+/// retried), a read reads exactly its length (EIO "unexpected end of file" past the end). The
+/// buffer and the File stay alive and the buffer unchanged (write) or untouched (read) until
+/// the request's callback has been called. Requests run concurrently and in no particular
+/// order; requests that overlap in one file leave unspecified bytes there.
+///
+/// Thread-safe: submit from any thread. The destructor drains, then stops the queue's threads.
+class IoQueue {
+ public:
+  virtual ~IoQueue() = default;
+  /// Queues the write `op`; its outcome comes to on_complete with `tag`.
+  virtual void submit_write(const WriteOp& op, uint64_t tag) = 0;
+  /// Queues the read `op`; its outcome comes to on_complete with `tag`.
+  virtual void submit_read(const ReadOp& op, uint64_t tag) = 0;
+  /// Blocks until every request submitted so far (by any thread, callbacks included) has
+  /// completed and its callback has returned. Not from a callback.
+  virtual void drain() = 0;
+  /// Most requests in flight at once.
+  virtual unsigned depth() const = 0;
+  /// "io_uring", "thread_pool", or a wrapper's name.
+  virtual std::string name() const = 0;
+};
+
 /// Files and directories. Implementations are thread-safe.
 ///
 /// No call blocks on a special file: open() and lock_file() fail (EISDIR for a directory,
@@ -178,6 +236,23 @@ class FileSystem {
   /// What `path` itself is, a final symlink not followed (lstat), so that a caller can refuse
   /// to follow a link out of a directory; ENOENT and ENOTDIR are not errors (kNone).
   virtual IoStatus entry_type(const std::string& path, EntryType* type) = 0;
+  /// A new asynchronous queue for files opened through this file system. The default runs
+  /// each request through File::write_at / File::read_at on a pool of up to
+  /// min(depth, kMaxPoolQueueThreads) threads, so it works for any backend and for wrappers
+  /// whose Files add behaviour; the io_uring backend keeps `depth` requests in flight from one
+  /// thread that owns a ring. EINVAL when options.on_complete is empty or depth is 0.
+  virtual IoStatus new_io_queue(const IoQueueOptions& options, std::unique_ptr<IoQueue>* queue);
+  /// Lets the backend register `buffers` with the kernel for zero-copy I/O (replacing earlier
+  /// ones); requests lying wholly inside one of them may then use it. The memory must stay
+  /// mapped until unregister_buffers() or the next register_buffers() returns, or the file
+  /// system is destroyed. ENOTSUP (the default) where the backend has no use for it; other
+  /// failures (ENOMEM under RLIMIT_MEMLOCK) only inform: I/O goes on without them.
+  virtual IoStatus register_buffers(std::span<const IoBuffer> buffers) {
+    (void)buffers;
+    return IoStatus(ENOTSUP, "register_buffers: not supported by this file system");
+  }
+  /// Forgets the buffers registered by register_buffers().
+  virtual void unregister_buffers() {}
 };
 
 /// Forwards every call to a target; decorators derive from it and override what they change.
@@ -218,6 +293,16 @@ class FileSystemWrapper : public FileSystem {
   IoStatus entry_type(const std::string& path, EntryType* type) override {
     return target_->entry_type(path, type);
   }
+  /// Forwards: the target's queue runs requests on the target's Files. A wrapper whose Files
+  /// add behaviour (faults, accounting) overrides it, e.g. with FileSystem::new_io_queue, the
+  /// thread pool over its own Files.
+  IoStatus new_io_queue(const IoQueueOptions& options, std::unique_ptr<IoQueue>* queue) override {
+    return target_->new_io_queue(options, queue);
+  }
+  IoStatus register_buffers(std::span<const IoBuffer> buffers) override {
+    return target_->register_buffers(buffers);
+  }
+  void unregister_buffers() override { target_->unregister_buffers(); }
 
  protected:
   FileSystem* target() const { return target_; }
