@@ -68,7 +68,9 @@ class Checkpointer {
   /// failure (see the class comment).
   Status wait_until_finished();
 
-  /// wait_until_finished(), then refuses further saves (FailedPrecondition). Idempotent.
+  /// wait_until_finished(), then refuses further saves (FailedPrecondition) and releases the
+  /// directory lock, so that another checkpointer may take checkpoint_dir; all_steps(), open()
+  /// and the other read-only calls keep working. Idempotent.
   Status close();
 
   /// Totals so far, every save's stats in step order.

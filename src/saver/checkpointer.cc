@@ -128,6 +128,10 @@ class Checkpointer::Impl {
   Status Close() {
     Status status = WaitUntilFinished();
     closed_ = true;
+    // Every save is durable or failed: the directory is free for the next job (or for another
+    // checkpointer of this process, as a restore after a `with` block opens one).
+    engine_.reset();
+    storage_.ReleaseLock();
     return status;
   }
 

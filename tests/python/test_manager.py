@@ -242,7 +242,8 @@ def test_retention_keeps_the_newest_max_to_keep(ckpt_dir):
         manager.wait_until_finished()
         assert manager.all_steps() == [20, 30]
         assert manager.latest_step() == 30
-    assert sorted(p for p in os.listdir(ckpt_dir) if p.startswith("model")) == \
+    # The lock file stays (empty, unlocked): the next job locks the same inode.
+    assert sorted(p for p in os.listdir(ckpt_dir) if p.startswith("model.ckpt-")) == \
         ["model.ckpt-20", "model.ckpt-30"]
 
 

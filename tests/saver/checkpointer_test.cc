@@ -278,6 +278,25 @@ TEST_P(CheckpointerTest, SavesAfterCloseAreRefused) {
             StatusCode::kFailedPrecondition);
 }
 
+TEST_P(CheckpointerTest, CloseHandsTheDirectoryToTheNextCheckpointerAndKeepsReadsWorking) {
+  auto first = Make(Options());
+  ASSERT_NE(first, nullptr);
+  SetState(1);
+  ASSERT_TRUE(first->save(1, Registry()).ok());
+  // While the first holds checkpoint_dir, a second is refused naming the lock.
+  auto refused = Checkpointer::Create(Options(), asynchronous());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(first->close().ok());
+  auto second = Make(Options());
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ(second->all_steps(), (std::vector<int64_t>{1}));
+  EXPECT_EQ(first->all_steps(), (std::vector<int64_t>{1}));
+  auto reader = first->open(1);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  EXPECT_EQ((*reader)->metadata().step, 1);
+}
+
 TEST_P(CheckpointerTest, ANewCheckpointerFindsTheStepsOfAnEarlierOneAndRetentionApplies) {
   SaverOptions options = Options();
   options.max_to_keep = 2;
