@@ -436,15 +436,15 @@ IoStatus UringFileSystem::register_buffers(std::span<const IoBuffer> buffers) {
 
 IoStatus UringFileSystem::new_io_queue(const IoQueueOptions& options,
                                        std::unique_ptr<IoQueue>* queue) {
-  UringIoQueueSettings settings{options, queue_buffers_};
+  if (!options.on_complete) return IoStatus(EINVAL, "new_io_queue: on_complete is not set");
+  if (options.depth == 0) return IoStatus(EINVAL, "new_io_queue: depth must be at least 1");
   std::unique_ptr<UringIoQueue> uring_queue;
-  IoStatus status = UringIoQueue::Create(std::move(settings), &uring_queue);
-  if (status.ok()) {
+  if (UringIoQueue::Create(UringIoQueueSettings{options, queue_buffers_}, &uring_queue).ok()) {
     *queue = std::move(uring_queue);
-    return status;
+    return IoStatus::Ok();
   }
-  if (status.error_number() == EINVAL) return status;
-  // No ring to be had now (ENOMEM from too many, say): the thread pool does the same job.
+  // No ring to be had now (ENOMEM from too many, or under RLIMIT_MEMLOCK): the thread pool
+  // does the same job.
   queue_fallbacks_.fetch_add(1, std::memory_order_relaxed);
   return NewThreadPoolIoQueue(options, queue);
 }
