@@ -1,8 +1,8 @@
 // The io_uring IoQueue beyond the common contract (tests/io/io_queue_test.cc): requests stay in
-// the ring (no thread pool), large requests go in pieces, a short read's remainder is
-// resubmitted, registered buffers are used when a request lies inside one, registration can
-// change under a live queue, and a refused registration leaves I/O working. Skipped without
-// io_uring.
+// the ring (no thread pool), large requests go in pieces, the remainder of a short read or a
+// short write is resubmitted, registered buffers are used when a request lies inside one,
+// registration can change under a live queue, and a refused registration leaves I/O working.
+// Skipped without io_uring.
 
 #include "io/uring_io_queue.h"
 
@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -195,6 +196,36 @@ TEST_F(UringIoQueueTest, AShortReadIsResubmittedForItsRemainderThenFailsAtTheEnd
       << failures.at(7).message();
   EXPECT_GE(queue->continuations(), 1u);
   EXPECT_EQ(std::memcmp(in.data(), out.data(), out.size()), 0);
+}
+
+TEST_F(UringIoQueueTest, AShortWriteIsResubmittedForItsRemainder) {
+  // A file size limit makes the kernel write what fits and stop short; the remainder, sent
+  // again, meets the limit itself (EFBIG, SIGXFSZ ignored) at the offset where it begins.
+  auto file = Open("limited");
+  std::vector<char> out(2 * kBlock);
+  Fill(out.data(), out.size(), 8);
+  Outcomes outcomes;
+  auto queue = Queue(2, outcomes.Callback());
+  ASSERT_NE(queue, nullptr);
+  rlimit old_limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  rlimit low = old_limit;
+  low.rlim_cur = kBlock + kBlock / 2;
+  const sighandler_t old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &low), 0);
+  queue->submit_write(WriteOp{file.get(), 0, out.data(), out.size()}, 3);
+  queue->drain();
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  std::signal(SIGXFSZ, old_handler);
+  const auto failures = outcomes.failures();
+  ASSERT_EQ(failures.count(3), 1u);
+  EXPECT_EQ(failures.at(3).error_number(), EFBIG);
+  EXPECT_NE(failures.at(3).message().find(" at offset 6144: "), std::string::npos)
+      << failures.at(3).message();
+  EXPECT_EQ(queue->continuations(), 1u);
+  std::vector<char> back(kBlock + kBlock / 2);
+  ASSERT_TRUE(file->read_at(0, back.data(), back.size()).ok());
+  EXPECT_EQ(std::memcmp(back.data(), out.data(), back.size()), 0);
 }
 
 TEST_F(UringIoQueueTest, RegisteredBuffersAreUsedByQueuesMadeBeforeAndAfterRegistration) {
