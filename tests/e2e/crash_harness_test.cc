@@ -390,15 +390,18 @@ class CrashHarnessTest : public CliFixture {
   // After a clean start: max_to_keep listed per side, one more on a side whose partner lags a
   // save, and one re-saved or relisted step.
   uint64_t BoundAfterStart() const { return (kMaxToKeep + 2) * pair_bytes_ + kSmallFilesBytes; }
-  // After a kill, also a deletion half done and two saves in flight (one writing, one queued).
-  uint64_t BoundAfterKill() const { return (kMaxToKeep + 5) * pair_bytes_ + kSmallFilesBytes; }
+  // After a kill, also a deletion half done and the engine's two saves in flight
+  // (EngineOptions::max_saves_in_flight).
+  uint64_t BoundAfterKill() const { return (kMaxToKeep + 4) * pair_bytes_ + kSmallFilesBytes; }
 
   // Starts a run of `job`, kills it after a seeded delay, and checks what it left. Returns false
   // when the run ended before the kill (the job is then finished).
   bool KillOnce(Job& job, std::mt19937_64& rng, Counts& counts) {
     const bool resuming = job.newest_pair >= 0;
     const bool early = std::bernoulli_distribution(kEarlyShare)(rng);
-    const int max_ms = early ? kEarlyMs : std::max(kEarlyMs, static_cast<int>(full_run_ms_));
+    // A late kill lands anywhere in what is left of the job (a resumed run has fewer steps).
+    const double left = double(kSteps - std::max<int64_t>(job.newest_pair, 0)) / kSteps;
+    const int max_ms = early ? kEarlyMs : std::max(kEarlyMs, static_cast<int>(full_run_ms_ * left));
     const int delay_ms = std::uniform_int_distribution<int>(0, max_ms)(rng);
     const std::string metrics = Tag(".json");
     CliProcess run(Args(job, kSteps, metrics), Tag(".out"), Tag(".err"));
