@@ -327,10 +327,15 @@ class CrashHarnessTest : public CliFixture {
       const std::string name = entry.path().filename().string();
       if (Contains(name, ".tmp-")) save = true;
       if (Contains(name, ".deleting-")) retention = true;
-      // Dropped from the state file, not yet renamed away: retention was between the two.
-      if ((StepOf(name, kModel) && !model.count(name) && !model.empty()) ||
-          (StepOf(name, kInput) && !input.count(name) && !input.empty())) {
-        retention = true;
+      // Older than what the state file lists, dropped from it, not yet renamed away: retention
+      // was between the two. (A newer unlisted one was committed, its state file not yet
+      // rewritten: a save.)
+      for (const auto& [basename, listed] : {std::pair{kModel, &model}, {kInput, &input}}) {
+        const std::optional<int64_t> step = StepOf(name, basename);
+        if (!step || listed->empty() || listed->count(name)) continue;
+        bool older = false;
+        for (const std::string& kept : *listed) older |= StepOf(kept, basename) > step;
+        (older ? retention : save) = true;
       }
     }
     if (save) {
