@@ -56,9 +56,8 @@ macro(asyncckpt_find_cuda)
   endif()
 endmacro()
 
-# One test executable per *_test.cc file, each test case registered with CTest.
-function(asyncckpt_add_test source)
-  get_filename_component(name ${source} NAME_WE)
+# The executable of one *_test.cc file, linked like every test (registered by the caller).
+function(asyncckpt_add_test_executable name source)
   add_executable(${name} ${source})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
   target_link_libraries(${name} PRIVATE asyncckpt asyncckpt_cli_core TBB::tbb zstd::libzstd_shared
@@ -68,6 +67,12 @@ function(asyncckpt_add_test source)
     target_link_libraries(${name} PRIVATE CUDA::cudart)
   endif()
   asyncckpt_warnings(${name})
+endfunction()
+
+# One test executable per *_test.cc file, each test case registered with CTest.
+function(asyncckpt_add_test source)
+  get_filename_component(name ${source} NAME_WE)
+  asyncckpt_add_test_executable(${name} ${source})
   gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120
                        PROPERTIES ENVIRONMENT "ASYNCCKPT_CLI=$<TARGET_FILE:asyncckpt_cli>"
                                   LABELS "${ARGN}")

@@ -19,7 +19,7 @@
 namespace asyncckpt {
 
 /// What the asynchronous hook does when a save is due while staging memory is still held by
-/// earlier saves.
+/// earlier saves, or two earlier saves are not yet committed.
 enum class OnBusy {
   /// Block the training thread until staging frees up (no save is ever dropped).
   kWait,
@@ -66,7 +66,8 @@ struct SaverOptions {
   std::map<std::string, std::string> user_metadata;
   /// Asynchronous hook: pinned staging budget in bytes; 0 means one full snapshot of the state.
   uint64_t staging_bytes = 0;
-  /// Asynchronous hook: what to do when a save is due and staging is busy.
+  /// Asynchronous hook: what to do when a save is due and staging is busy (or two saves are
+  /// still uncommitted).
   OnBusy on_busy = OnBusy::kWait;
   /// Asynchronous hook: what to do when a background save fails.
   OnError on_error = OnError::kStop;

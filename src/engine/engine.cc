@@ -293,6 +293,8 @@ class Engine::Impl {
   Status Durable(SaveJob& save);
   void RemoveTemporary(SaveJob& save);
   void ReleaseSubmitHold(const SavePtr& save);
+  bool WaitForFlightRoom(bool skip_if_busy);
+  void LeaveFlight();
   template <typename Fn>
   void EnqueueInGraph(Fn&& fn);
 
@@ -320,7 +322,9 @@ class Engine::Impl {
   uint64_t next_chunk_seq_ = 0;
   uint64_t next_save_id_ = 0;
   // Shared with the graph.
-  std::atomic<int64_t> in_flight_{0};
+  std::atomic<int64_t> in_flight_{0};  // changed under flight_mu_, read anywhere
+  std::mutex flight_mu_;
+  std::condition_variable flight_done_;  // a save left the flight
   std::atomic<int64_t> pending_encode_{0};
   std::atomic<int64_t> pending_write_{0};
 };
@@ -396,6 +400,25 @@ void Engine::Impl::EnqueueInGraph(Fn&& fn) {
   });
 }
 
+// Takes a place among the saves in flight, waiting for one (or giving up, with skip_if_busy)
+// while max_saves_in_flight are; true once it is taken.
+bool Engine::Impl::WaitForFlightRoom(bool skip_if_busy) {
+  const int64_t limit = std::max(1, options_.max_saves_in_flight);
+  std::unique_lock lock(flight_mu_);
+  if (skip_if_busy && in_flight_.load() >= limit) return false;
+  flight_done_.wait(lock, [&] { return in_flight_.load() < limit; });
+  ++in_flight_;
+  return true;
+}
+
+void Engine::Impl::LeaveFlight() {
+  {
+    std::lock_guard lock(flight_mu_);
+    --in_flight_;
+  }
+  flight_done_.notify_all();
+}
+
 // Submit is done with the save (its blocked time and any failure are recorded): the commit may
 // run once the last chunk is written, not before.
 void Engine::Impl::ReleaseSubmitHold(const SavePtr& save) {
@@ -425,9 +448,12 @@ Result<SubmitOutcome> Engine::Impl::Submit(const CheckpointMetadata& metadata, b
       return SubmitOutcome::kSkipped;
     }
   }
+  if (!WaitForFlightRoom(skip_if_busy)) {
+    *blocked_seconds = SecondsSince(start);
+    return SubmitOutcome::kSkipped;
+  }
   if (before_copy) before_copy();
   save->id = next_save_id_++;
-  ++in_flight_;
   // Waves: one chunk whose lease may wait for earlier writes, then as many as fit right now.
   // With a budget of a full snapshot the first wave is the whole state.
   size_t next = 0;
@@ -676,7 +702,7 @@ void Engine::Impl::Commit(const SavePtr& save) {
       LogLine("a listener threw after the save of " + save->final_name);
     }
   }
-  --in_flight_;
+  LeaveFlight();
 }
 
 // The cleanup of a failed save runs outside Guarded (the save has already failed), so it must

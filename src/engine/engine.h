@@ -11,7 +11,8 @@
 //     -> save sequencer by save id -> commit (serial: fsync data files, index, rename,
 //        state file, retention) -> on_done (listeners)
 //
-// Several saves may be in flight at once within the staging budget; they commit in the order
+// Several saves (at most max_saves_in_flight) may be in flight at once within the staging
+// budget; they commit in the order
 // they were submitted (step order). A failure at any node is caught there, recorded as that
 // save's status and cancels that save only: its remaining chunks pass through without work,
 // its temporary directory is removed, and on_done reports it.
@@ -54,6 +55,13 @@ struct EngineOptions {
   /// Run the graph at high priority: for small saves that must not queue behind a large one
   /// (the input pipeline's state beside the model's), when workers are scarce.
   bool high_priority = false;
+  /// Saves submitted and not yet committed (or failed) at most; Submit waits for the oldest to
+  /// finish (or skips, with skip_if_busy) beyond that. Staging is released as chunks are
+  /// written, so without this bound a commit stage slower than the saves (fsync on a busy
+  /// disk) let written-but-uncommitted temporaries pile up without limit: 79 of them, 170 MB,
+  /// for a 2 MiB state with max_to_keep 2, found by the crash harness. Two: one committing,
+  /// one being written behind it.
+  int max_saves_in_flight = 2;
 };
 
 /// The engine options a saver's options give (the fields both have, same meaning).
@@ -83,7 +91,8 @@ class Engine {
   /// Snapshots the registry for `metadata.step` and hands it to the graph. Returns once the
   /// state may be modified again (copies done; in stream-ordered mode, copies enqueued).
   /// With skip_if_busy, returns kSkipped without copying when staging cannot take the whole
-  /// snapshot now. `before_copy` (may be empty) runs once the save is certain, before the
+  /// snapshot now, or when max_saves_in_flight saves are in flight; without it, waits for
+  /// them. `before_copy` (may be empty) runs once the save is certain, before the
   /// first copy. *blocked_seconds receives the time spent here.
   Result<SubmitOutcome> Submit(const CheckpointMetadata& metadata, bool skip_if_busy,
                                const std::function<void()>& before_copy, double* blocked_seconds);

@@ -171,8 +171,16 @@ class CheckpointInputPipelineHook::Impl {
     const bool moved = std::exchange(iterator_moved_, true);  // the steps consume it from here
     ASSIGN_OR_RETURN(std::string path, CheckpointToRestore());
     if (path.empty()) {
-      // "The initial state" is the iterator's only while it has not moved.
-      if (!moved) return Save(start_step_);
+      // "The initial state" is the iterator's only while it has not moved. It is durable
+      // before the first step runs, so a model checkpoint past step 0 always has a partner to
+      // come back to: without the wait, a job killed 40 ms in (the crash harness) left
+      // model.ckpt-0 and -1 committed, no input checkpoint, and every later start refusing
+      // to train over them. A failure of this save stops the loop at the next after_run.
+      if (!moved) {
+        RETURN_IF_ERROR(Save(start_step_));
+        if (engine_) engine_->WaitAll();
+        return Status::OK();
+      }
       return Status::FailedPrecondition(
           "the re-created session starts at step " + std::to_string(start_step_) + " but " +
           options_.checkpoint_dir + " has no input checkpoint " + StartName() +

@@ -65,9 +65,16 @@ struct Found {
   std::set<int64_t> input;
 
   bool empty() const { return model.empty() && input.empty(); }
-  // Anything a fresh start would train over: a checkpoint of a step past the initial one.
-  bool past_step_zero() const {
-    return (!model.empty() && *model.rbegin() > 0) || (!input.empty() && *input.rbegin() > 0);
+  // Anything a fresh start would train over: a checkpoint of a step past the initial one. At a
+  // job's start, input checkpoints without any model checkpoint past step 0 are not counted:
+  // they resume nothing on their own, and a job killed in its first saves leaves exactly that,
+  // as the input's small saves commit ahead of the model's (the crash harness: input.ckpt-0
+  // and -1 committed, model.ckpt-0 and -1 still being written). Refusing them wedged every
+  // later start of the job. A session re-created after a restore counts them: that job had
+  // trained past step 0, and its model checkpoints are gone.
+  bool past_step_zero(bool count_input) const {
+    return (!model.empty() && *model.rbegin() > 0) ||
+           (count_input && !input.empty() && *input.rbegin() > 0);
   }
 };
 
@@ -96,7 +103,7 @@ class CheckpointSessionCreator::Impl {
       LogLine("no step of " + options_.checkpoint_dir +
               " has both checkpoints committed yet; the session starts again from step 0");
     } else {
-      RETURN_IF_ERROR(StartFresh());
+      RETURN_IF_ERROR(StartFresh(/*job_start=*/first));
     }
     if (options_.init_fn) {
       RETURN_IF_ERROR(options_.init_fn().WithContext("initialising the state (init_fn)"));
@@ -161,10 +168,10 @@ class CheckpointSessionCreator::Impl {
   }
 
   // No step to resume: OK to start from step 0, unless that would train over checkpoints past
-  // it.
-  Status StartFresh() {
+  // it (`job_start`: the first session of this creator).
+  Status StartFresh(bool job_start) {
     ASSIGN_OR_RETURN(Found found, Survey());
-    if (found.past_step_zero()) {
+    if (found.past_step_zero(/*count_input=*/!job_start)) {
       const std::string what =
           options_.checkpoint_dir + " holds " + DescribeFound(found) + " but " + WhatIsMissing();
       if (!options_.allow_fresh_start) {
@@ -176,7 +183,7 @@ class CheckpointSessionCreator::Impl {
       LogLine("starting from step 0 as allowed (allow_fresh_start): " + what);
     } else if (!found.empty()) {
       LogLine("starting from step 0: " + options_.checkpoint_dir + " holds only " +
-              DescribeFound(found) + ", no training past the initial state");
+              DescribeFound(found) + ", no model checkpoint past the initial state");
     }
     return Status::OK();
   }

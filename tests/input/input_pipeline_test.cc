@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -16,8 +17,10 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "asyncckpt/file_system.h"
@@ -690,6 +693,41 @@ TEST_F(InputPipelineTest, IteratorSaveFailureFailsTheSession) {
   EXPECT_NE(status.message().find("saving the input iterator"), std::string::npos)
       << status.message();
   EXPECT_EQ(it.counter(), 2);
+}
+
+// Holds every batch of writes for a while, as a busy disk does.
+class SlowWritesFileSystem final : public io::FileSystemWrapper {
+ public:
+  explicit SlowWritesFileSystem(io::FileSystem* target) : FileSystemWrapper(target) {}
+  io::IoStatus write_batch(std::span<const io::WriteOp> ops) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    return target()->write_batch(ops);
+  }
+};
+
+// A job killed right after its first step finds the input's initial checkpoint beside the
+// model's, however slow the disk: the initial save is durable before the first step runs.
+TEST_F(InputPipelineTest, TheInitialStateIsDurableBeforeTheFirstStepRuns) {
+  std::unique_ptr<io::FileSystem> posix = io::NewPosixFileSystem();
+  SlowWritesFileSystem slow(posix.get());
+  auto input = OpenInput();
+  ASSERT_NE(input, nullptr);
+  InputPipelineOptions options = Options(1);
+  options.file_system = &slow;
+  auto hook = MakeHook(options, input.get());
+  ASSERT_NE(hook, nullptr);
+  auto session = SingularMonitoredSession::Create({hook.get()}, 0);
+  ASSERT_TRUE(session.ok());
+  bool listed_at_step_one = false;
+  Status status = (*session)->run_until(1, [&](StepContext&) {
+    auto state = GetCheckpointState(dir_, kInputStateFileName);
+    listed_at_step_one = state.ok() && state->model_checkpoint_path == "input.ckpt-0";
+    Batch batch;
+    return input->next_batch(4, &batch);
+  });
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  EXPECT_TRUE(listed_at_step_one);
+  EXPECT_TRUE(IsDir(dir_ + "/input.ckpt-0"));
 }
 
 TEST_F(InputPipelineTest, BackgroundSaveFailureStopsTheLoopAndEndReturnsIt) {
