@@ -16,6 +16,7 @@
 #include "asyncckpt/dtype.h"
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/hooks.h"
+#include "asyncckpt/saver_hook.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/tensor.h"
 #include "asyncckpt/timer.h"
@@ -115,6 +116,11 @@ struct InputPipelineOptions {
   int task_id = 0;
   /// For iterators with external state.
   ExternalStatePolicy external_state_policy = ExternalStatePolicy::kFail;
+  /// What a failed background save does, as SaverOptions::on_error: kStop requests a stop at
+  /// the next after_run and end() returns the failure; kContinue logs and counts it
+  /// (saves_failed()) and training goes on, the next save trying again. Give it the model
+  /// saver's value: with kContinue on the model side only, a full disk stops the job here.
+  OnError on_error = OnError::kStop;
   /// Chunk size of the input checkpoints.
   uint64_t chunk_bytes = 4ull << 20;
   /// Codec and level.
@@ -153,8 +159,8 @@ std::string InputStateFileName(const InputPipelineOptions& options);
 /// state at step 0, and fails with FailedPrecondition at a later step (unless
 /// restore_latest_when_step_missing). Then it saves on its own schedule and at end().
 /// Each input checkpoint records the model step it belongs to. Saves go through the
-/// asynchronous engine; a failed save requests a stop and end() returns it. The iterator is
-/// borrowed and must outlive the hook.
+/// asynchronous engine; a failed save requests a stop and end() returns it, or with
+/// OnError::kContinue is logged and counted. The iterator is borrowed and must outlive the hook.
 class CheckpointInputPipelineHook : public SessionRunHook {
  public:
   /// Validates the options (InvalidArgument naming the problem).
@@ -175,6 +181,9 @@ class CheckpointInputPipelineHook : public SessionRunHook {
   const std::string& restored_from() const;
   /// Input checkpoints committed so far.
   int64_t saves_committed() const;
+  /// Input checkpoints that failed so far (each logged; with OnError::kStop the first also
+  /// stops the loop).
+  int64_t saves_failed() const;
   /// Blocks until every save started so far is committed or failed; the first failure so far
   /// (end() reports it too).
   Status wait_until_saved();

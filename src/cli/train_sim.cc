@@ -63,7 +63,7 @@ const std::vector<FlagSpec>& TrainSimFlags() {
       {"saver", "async", "async (background flow graph) or sync (saves on the training thread)"},
       {"staging_bytes", "0", "async: pinned staging budget (0 = one full snapshot)"},
       {"on_busy", "wait", "async: wait or skip when a save is due and staging is busy"},
-      {"on_error", "stop", "async: stop or continue when a background save fails"},
+      {"on_error", "stop", "async: stop or continue when a background save (model or input) fails"},
       {"background_threads", "0", "async: threads of the background arena (0 = all cores)"},
       {"io", "auto", "I/O backend: auto (io_uring when available), uring or posix"},
       {"o_direct", "true",
@@ -542,6 +542,7 @@ InputPipelineOptions InputOptions(const TrainSimConfig& config) {
   options.compression = config.saver.compression;
   options.chunk_bytes = config.saver.chunk_bytes;
   options.force_posix_io = config.saver.force_posix_io;
+  options.on_error = config.saver.on_error;
   options.clock = config.saver.clock;
   return options;
 }

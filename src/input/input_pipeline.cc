@@ -275,6 +275,10 @@ class CheckpointInputPipelineHook::Impl {
     std::lock_guard lock(mu_);
     return committed_;
   }
+  int64_t saves_failed() const {
+    std::lock_guard lock(mu_);
+    return failed_;
+  }
 
  private:
   Status EnsureEngine() {
@@ -304,8 +308,15 @@ class CheckpointInputPipelineHook::Impl {
     std::lock_guard lock(mu_);
     if (stats.status.ok()) {
       ++committed_;
+      return;
+    }
+    ++failed_;
+    const Status failure = stats.status.WithContext("input pipeline checkpoint");
+    if (options_.on_error == OnError::kContinue) {
+      // Its model partner of this step, if committed, is then unpaired: a resume skips it.
+      LogLine("an input pipeline save failed; training goes on: " + failure.ToString());
     } else if (failure_.ok()) {
-      failure_ = stats.status.WithContext("input pipeline checkpoint");
+      failure_ = failure;
     }
   }
 
@@ -337,8 +348,9 @@ class CheckpointInputPipelineHook::Impl {
   std::string restored_from_;
 
   mutable std::mutex mu_;
-  Status failure_;
+  Status failure_;  // the first failure, kept with OnError::kStop only
   int64_t committed_ = 0;
+  int64_t failed_ = 0;
 };
 
 Result<std::unique_ptr<CheckpointInputPipelineHook>> CheckpointInputPipelineHook::Create(
@@ -399,6 +411,8 @@ const std::string& CheckpointInputPipelineHook::restored_from() const {
 }
 
 int64_t CheckpointInputPipelineHook::saves_committed() const { return impl_->saves_committed(); }
+
+int64_t CheckpointInputPipelineHook::saves_failed() const { return impl_->saves_failed(); }
 
 Status CheckpointInputPipelineHook::wait_until_saved() { return impl_->WaitUntilSaved(); }
 

@@ -759,6 +759,38 @@ TEST_F(InputPipelineTest, BackgroundSaveFailureStopsTheLoopAndEndReturnsIt) {
   EXPECT_TRUE(IsDir(dir_ + "/input.ckpt-2"));
 }
 
+TEST_F(InputPipelineTest, BackgroundSaveFailureWithOnErrorContinueIsCountedAndTrainingGoesOn) {
+  std::unique_ptr<io::FileSystem> posix = io::NewPosixFileSystem();
+  auto faults = std::make_unique<io::FaultInjectionFileSystem>(posix.get());
+  auto input = OpenInput();
+  ASSERT_NE(input, nullptr);
+  InputPipelineOptions options = Options(2);
+  options.on_error = OnError::kContinue;
+  options.file_system = faults.get();
+  auto hook = MakeHook(options, input.get());
+  ASSERT_NE(hook, nullptr);
+  LogCapture log;
+  auto session = SingularMonitoredSession::Create({hook.get()}, 0);
+  ASSERT_TRUE(session.ok());
+  faults->fail_ops_matching("input.ckpt-4", ENOSPC, io::FaultOp::kWrite,
+                            io::FaultMode::kShortTransfer);
+  Status status = (*session)->run_until(8, [&](StepContext& ctx) {
+    if (ctx.step() == 5) {
+      EXPECT_TRUE(hook->wait_until_saved().ok()) << "kContinue keeps no failure for the loop";
+      EXPECT_EQ(hook->saves_failed(), 1);
+    }
+    Batch batch;
+    return input->next_batch(4, &batch);
+  });
+  EXPECT_TRUE(status.ok()) << status.ToString();
+  EXPECT_EQ((*session)->global_step(), 8);
+  EXPECT_EQ(hook->saves_failed(), 1);
+  EXPECT_EQ(hook->saves_committed(), 4);  // steps 0, 2, 6 and 8
+  EXPECT_TRUE(log.Contains("an input pipeline save failed; training goes on")) << log.All();
+  EXPECT_FALSE(IsDir(dir_ + "/input.ckpt-4"));
+  EXPECT_TRUE(IsDir(dir_ + "/input.ckpt-8"));
+}
+
 TEST_F(InputPipelineTest, NewestCompleteStepPicksTheNewestStepBothHave) {
   auto posix = io::NewPosixFileSystem();
   auto reset = [&] {
