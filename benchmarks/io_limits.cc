@@ -3,12 +3,15 @@
 //
 //   - Sequential write of --bytes to a new file with O_DIRECT, 1 MiB aligned buffers, through
 //     liburing directly, keeping QD writes in flight; the final fsync counts in the time (as
-//     a checkpoint's is counted in its time to durable). One fresh file per queue depth.
+//     a checkpoint's is counted in its time to durable). One fresh file per run.
 //   - Sequential read of that file, O_DIRECT, the same way, at each queue depth.
+//   Each queue depth runs --repeats times (default 3) and reports the medians: on a virtual
+//   disk with a host cache, one short run can be twice as fast as the next.
 //   - A parallel memcpy of --memcpy_bytes on every core (best of three), into memory touched
 //     beforehand.
 //
-// Usage: io_limits --dir DIR [--bytes N] [--qd 1,2,4,...] [--memcpy_bytes N] [--json FILE]
+// Usage: io_limits --dir DIR [--bytes N] [--qd 1,2,4,...] [--repeats N] [--memcpy_bytes N]
+//                  [--json FILE]
 // Prints one line per measurement and, with --json, one JSON object. The file it writes is
 // removed at the end.
 
@@ -54,6 +57,7 @@ struct Options {
   uint64_t bytes = 1ull << 30;
   std::vector<unsigned> queue_depths = {1, 2, 4, 8, 16, 32, 64};
   uint64_t memcpy_bytes = 1ull << 30;
+  int repeats = 3;
   std::string json;
 };
 
@@ -81,6 +85,9 @@ Options ParseOptions(int argc, char** argv) {
       options.bytes = ParseBytes(value);
     } else if (flag == "--memcpy_bytes") {
       options.memcpy_bytes = ParseBytes(value);
+    } else if (flag == "--repeats") {
+      options.repeats = std::atoi(value.c_str());
+      if (options.repeats < 1 || options.repeats > 100) Die("bad --repeats '" + value + "'");
     } else if (flag == "--json") {
       options.json = value;
     } else if (flag == "--qd") {
@@ -174,9 +181,39 @@ double Transfer(int fd, bool write, uint64_t bytes, unsigned depth) {
 
 struct Point {
   unsigned depth;
-  double write_seconds;
+  double write_seconds;  // medians over the repeats
   double read_seconds;
+  std::vector<double> write_runs;
+  std::vector<double> read_runs;
 };
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+// Writes a fresh file at `depth` and reads it back, `repeats` times.
+Point Measure(const std::string& path, uint64_t bytes, unsigned depth, int repeats) {
+  Point point{depth, 0, 0, {}, {}};
+  for (int run = 0; run < repeats; ++run) {
+    ::unlink(path.c_str());
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0644);
+    if (fd < 0) DieErrno("cannot open " + path + " with O_DIRECT", errno);
+    point.write_runs.push_back(Transfer(fd, true, bytes, depth));
+    point.read_runs.push_back(Transfer(fd, false, bytes, depth));
+    ::close(fd);
+  }
+  point.write_seconds = Median(point.write_runs);
+  point.read_seconds = Median(point.read_runs);
+  return point;
+}
+
+std::string JsonList(const std::vector<double>& values) {
+  std::string text = "[";
+  for (size_t i = 0; i < values.size(); ++i) text += (i ? ", " : "") + std::to_string(values[i]);
+  return text + "]";
+}
 
 // Best of three parallel memcpys of `bytes` on every core, in GB/s.
 double MemcpyBytesPerSecond(uint64_t bytes, unsigned threads) {
@@ -207,18 +244,11 @@ int main(int argc, char** argv) {
   const std::string path = options.dir + "/io_limits.dat";
   std::vector<Point> points;
   for (unsigned depth : options.queue_depths) {
-    ::unlink(path.c_str());
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0644);
-    if (fd < 0) DieErrno("cannot open " + path + " with O_DIRECT", errno);
-    Point point{depth, 0, 0};
-    point.write_seconds = Transfer(fd, true, options.bytes, depth);
-    point.read_seconds = Transfer(fd, false, options.bytes, depth);
-    ::close(fd);
-    std::printf("QD %3u  write %7.1f MB/s  read %7.1f MB/s\n", depth,
-                options.bytes / point.write_seconds / 1e6,
-                options.bytes / point.read_seconds / 1e6);
+    points.push_back(Measure(path, options.bytes, depth, options.repeats));
+    std::printf("QD %3u  write %7.1f MB/s  read %7.1f MB/s  (medians of %d)\n", depth,
+                options.bytes / points.back().write_seconds / 1e6,
+                options.bytes / points.back().read_seconds / 1e6, options.repeats);
     std::fflush(stdout);
-    points.push_back(point);
   }
   ::unlink(path.c_str());
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
@@ -227,15 +257,18 @@ int main(int argc, char** argv) {
   if (options.json.empty()) return 0;
   std::ofstream json(options.json);
   json << "{\"bytes\": " << options.bytes << ", \"block_bytes\": " << kBlockBytes
-       << ", \"memcpy_bytes\": " << options.memcpy_bytes << ", \"memcpy_threads\": " << threads
-       << ", \"memcpy_bytes_per_second\": " << memcpy_rate << ", \"points\": [";
+       << ", \"repeats\": " << options.repeats << ", \"memcpy_bytes\": " << options.memcpy_bytes
+       << ", \"memcpy_threads\": " << threads << ", \"memcpy_bytes_per_second\": " << memcpy_rate
+       << ", \"points\": [";
   for (size_t i = 0; i < points.size(); ++i) {
     const Point& p = points[i];
     json << (i ? ", " : "") << "{\"queue_depth\": " << p.depth
          << ", \"write_seconds\": " << p.write_seconds
          << ", \"write_bytes_per_second\": " << options.bytes / p.write_seconds
+         << ", \"write_runs_seconds\": " << JsonList(p.write_runs)
          << ", \"read_seconds\": " << p.read_seconds
-         << ", \"read_bytes_per_second\": " << options.bytes / p.read_seconds << "}";
+         << ", \"read_bytes_per_second\": " << options.bytes / p.read_seconds
+         << ", \"read_runs_seconds\": " << JsonList(p.read_runs) << "}";
   }
   json << "]}\n";
   return json ? 0 : 1;

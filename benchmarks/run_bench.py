@@ -12,6 +12,8 @@ In one checkpoint directory's file system it measures, per state size:
                is installed (printed beside it); a parallel memcpy on every core
   none         train-sim --saver none: no checkpointing, the step-time reference
   naive        train-sim --saver naive: write + fsync of one file per tensor, one thread
+               (fewer saves: 2 in the loop with large tensors, 1 with small ones, where each
+               save is one fsync per tensor; left out of --quick with small tensors)
   sync         the synchronous hook (CheckpointSaverHook), raw
   async-posix  the asynchronous hook, POSIX I/O, raw
   async-uring  the asynchronous hook, io_uring, raw (full mode also at queue depths 1, 4, 16)
@@ -95,9 +97,13 @@ def machine(bench_dir):
         source, fstype, options = (fm.stdout.split() + ["", "", ""])[:3]
         info["filesystem"] = {"source": source, "type": fstype, "options": options}
         dev = os.path.basename(source)
-        ls = run(["lsblk", "-dn", "-o", "MODEL,ROTA,SIZE", source])
+        ls = run(["lsblk", "-dnP", "-o", "MODEL,ROTA,SIZE", source])
         if ls.returncode == 0:
-            info["filesystem"]["device"] = " ".join(ls.stdout.split())
+            f = dict(re.findall(r'(\w+)="([^"]*)"', ls.stdout))
+            info["filesystem"]["device"] = (f"{f.get('MODEL') or 'no model string'}, "
+                                            f"{f.get('SIZE', '?')}, "
+                                            f"{'rotational' if f.get('ROTA') == '1' else 'SSD'}"
+                                            " as the kernel reports it")
         sched = f"/sys/block/{dev}/queue/scheduler"
         if os.path.exists(sched):
             info["filesystem"]["scheduler"] = open(sched).read().strip()
@@ -121,6 +127,7 @@ def limits(args, size, qds):
     path = os.path.join(args.bench_dir, "limits.json")
     cmd = [os.path.join(args.build, "benchmarks", "io_limits"), "--dir", args.bench_dir,
            "--bytes", str(size), "--memcpy_bytes", str(size), "--qd", ",".join(map(str, qds)),
+           "--repeats", "3",
            "--json", path]
     log(f"  io_limits {size_name(size)}, QD {','.join(map(str, qds))}")
     r = run(cmd)
@@ -384,7 +391,7 @@ def markdown(report):
         lines.append(f"## {size_key} of state")
         lines.append("")
         lines.append(
-            f"Limits: O_DIRECT io_uring write {lim['write_limit'] / 1e6:.0f} MB/s (QD "
+            f"Limits (medians of {lim.get('repeats', 1)} runs per queue depth): O_DIRECT io_uring write {lim['write_limit'] / 1e6:.0f} MB/s (QD "
             f"{lim['write_limit_qd']}, fsync included), read {lim['read_limit'] / 1e6:.0f} MB/s "
             f"(QD {lim['read_limit_qd']}){fio_text}; parallel memcpy "
             f"{lim['memcpy_bytes_per_second'] / 1e9:.1f} GB/s on {lim['memcpy_threads']} threads. "
@@ -551,7 +558,7 @@ def main():
                                                      "1GiB,4GiB")).split(",")]
     limit_qds = [1, 4, 16, 64] if args.quick else [1, 2, 4, 8, 16, 32, 64]
     saver_qds = [] if args.quick else [1, 4, 16]
-    args.restore_runs = args.restore_runs or (1 if args.quick else 3)
+    args.restore_runs = args.restore_runs or 3
     layouts = args.layouts.split(",")
     variants = args.variants.split(",")
     for v in variants:
@@ -588,10 +595,15 @@ def main():
             if "async-uring" in variants:
                 todo += [(f"async-uring-qd{q}", [f"--queue_depth={q}"]) for q in saver_qds]
             none = None
+            if args.quick and layout == "small":
+                todo = [t for t in todo if t[0] != "naive"]
             for variant, extra in todo:
                 base = variant.split("-qd")[0] if "-qd" in variant else variant
+                run_steps = steps
+                if variant == "naive":  # a second or more per save: fewer of them
+                    run_steps = save_steps * (1 if layout == "small" else 2)
                 t0 = time.time()
-                m = train_sim(args, size, tensors, base, extra, steps, save_steps,
+                m = train_sim(args, size, tensors, base, extra, run_steps, save_steps,
                               f"{layout}-{variant}")
                 if variant == "none":
                     none = m
