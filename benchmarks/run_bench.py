@@ -147,6 +147,21 @@ def limits(args, size, qds):
     return out
 
 
+def limits_beside(args, size, limit):
+    """One write and read at the sweep's best queue depths, taken right after a variant."""
+    path = os.path.join(args.bench_dir, "beside.json")
+    qds = sorted({limit["write_limit_qd"], limit["read_limit_qd"]})
+    r = run([os.path.join(args.build, "benchmarks", "io_limits"), "--dir", args.bench_dir,
+             "--bytes", str(size), "--memcpy_bytes", str(MiB), "--qd", ",".join(map(str, qds)),
+             "--repeats", "1", "--json", path])
+    if r.returncode != 0:
+        return {}
+    with open(path) as f:
+        points = {p["queue_depth"]: p for p in json.load(f)["points"]}
+    return {"write": points[limit["write_limit_qd"]]["write_bytes_per_second"],
+            "read": points[limit["read_limit_qd"]]["read_bytes_per_second"]}
+
+
 def fio(args, size, write_qd, read_qd):
     if not shutil.which("fio"):
         log("    fio: not installed")
@@ -292,8 +307,13 @@ def summarize(m, limit, none, interval_s):
         "saves": len(saves),
         "interval_s": interval_s,
     }
-    out["persist_over_limit"] = out["persist_bps"] / limit["write_limit"] if saves else None
-    out["restore_over_limit"] = (out["restore_bps"] / limit["read_limit"]
+    # Against the limits measured just beside this run (at the sweep's best queue depths): on a
+    # shared disk the speed drifts by 2x within minutes, as memory bandwidth does for the memcpy.
+    beside = m.get("limits_beside", {})
+    out["write_limit_bps"] = beside.get("write", limit["write_limit"])
+    out["read_limit_bps"] = beside.get("read", limit["read_limit"])
+    out["persist_over_limit"] = out["persist_bps"] / out["write_limit_bps"] if saves else None
+    out["restore_over_limit"] = (out["restore_bps"] / out["read_limit_bps"]
                                  if out["restore_bps"] else None)
     if none:
         out["step_p50_over_none"] = out["step_p50_ms"] / none["step_ms_p50"]
@@ -319,7 +339,9 @@ def targets(results):
         for layout, runs in per_size["layouts"].items():
             where = f"{size_key} {layout}"
             s = {v: r["summary"] for v, r in runs.items()}
-            for v in ("sync", "async-posix", "async-uring"):
+            sweep = sorted((v for v in s if v.startswith("async-uring-qd")),
+                           key=lambda v: int(v.split("qd")[1]))
+            for v in ["sync", "async-posix", "async-uring"] + sweep:
                 if v in s and s[v]["persist_over_limit"] is not None:
                     x = s[v]["persist_over_limit"]
                     add(f"persist / raw write limit, {v}, {where}", f"{x:.2f}", ">= 0.95",
@@ -399,7 +421,8 @@ def markdown(report):
         lines.append("")
         header = ["tensors", "variant", "blocked s/save", "blocked / memcpy", "loop lost s/save",
                   "step p50 ms (/ none)", "step p99 ms (/ none)", "durable s",
-                  "persist MB/s (/ write limit)", "restore MB/s (/ read limit)", "on disk MiB",
+                  "persist MB/s (/ write limit beside)", "restore MB/s (/ read limit beside)",
+                  "limits beside: write / read MB/s", "on disk MiB",
                   "peak RSS MiB (/ budget)"]
         lines.append("| " + " | ".join(header) + " |")
         lines.append("|" + "|".join(["---", "---"] + ["---:"] * (len(header) - 2)) + "|")
@@ -423,6 +446,8 @@ def markdown(report):
                     f"({fmt(s['persist_over_limit'], '.2f')})",
                     "-" if none or s["restore_bps"] is None else
                     f"{s['restore_bps'] / 1e6:.0f} ({fmt(s['restore_over_limit'], '.2f')})",
+                    "-" if none else
+                    f"{s['write_limit_bps'] / 1e6:.0f} / {s['read_limit_bps'] / 1e6:.0f}",
                     "-" if none else f"{s['bytes_on_disk'] / MiB:.0f}",
                     f"{s['peak_rss'] / MiB:.0f}" + ("" if none else
                                                     f" ({fmt(s.get('rss_over_budget'), '.2f')})"),
@@ -449,12 +474,14 @@ NOTES = """How to read it:
   save's blocked time over one plain parallel memcpy of the state timed just before it (median).
 - **loop lost s/save**: the training loop's wall time beyond its steps at their median step
   time, per save: blocked time plus every step slowed by the background work.
-- **step p50 / p99 (/ none)**: over every step of the run, against `--saver none`.
+- **step p50 / p99 (/ none)**: over every step of the run, against `--saver none` (the mean
+  of two `none` runs, one before the variants and one after, as the machine's load drifts).
 - **durable s**: median time from the start of a save until it is durable and committed.
-- **persist MB/s**: median of raw bytes over time to durable per save, against the best
-  O_DIRECT io_uring write of the same bytes (fsync included); **restore MB/s**: raw bytes of
-  the newest checkpoint read back into host memory with its files dropped from the page cache,
-  against the best O_DIRECT read.
+- **persist MB/s**: median of raw bytes over time to durable per save, against an O_DIRECT
+  io_uring write of the same bytes (fsync included) at the sweep's best queue depth, taken
+  right after the variant ran (the disk is shared; its speed drifts within minutes);
+  **restore MB/s**: raw bytes of the newest checkpoint read back into host memory with its
+  files dropped from the page cache, against an O_DIRECT read at the best depth, taken beside.
 - **peak RSS (/ budget)**: VmHWM of the run; the ratio takes out train-sim's own memcpy
   yardstick copy and what the `none` run holds beyond its state, and holds the rest against
   (state + staging high water) × 1.05.
@@ -597,24 +624,47 @@ def main():
             none = None
             if args.quick and layout == "small":
                 todo = [t for t in todo if t[0] != "naive"]
+            if "none" in variants:
+                # The reference brackets the others: on a shared machine the load drifts
+                # within minutes, so none runs first and last and the two are averaged.
+                todo.append(("none-end", []))
             for variant, extra in todo:
                 base = variant.split("-qd")[0] if "-qd" in variant else variant
+                base = "none" if variant == "none-end" else base
                 run_steps = steps
                 if variant == "naive":  # a second or more per save: fewer of them
                     run_steps = save_steps * (1 if layout == "small" else 2)
                 t0 = time.time()
                 m = train_sim(args, size, tensors, base, extra, run_steps, save_steps,
                               f"{layout}-{variant}")
+                if base != "none":
+                    m["limits_beside"] = limits_beside(args, size, per_size["limits"])
+                if variant == "none-end":
+                    none["step_ms_p50_runs"] = [none["step_ms_p50"], m["step_ms_p50"]]
+                    none["step_ms_p99_runs"] = [none["step_ms_p99"], m["step_ms_p99"]]
+                    log(f"    {variant:18} {time.time() - t0:5.1f} s  step p50 "
+                        f"{m['step_ms_p50']:.0f} ms")
+                    continue
                 if variant == "none":
                     none = m
-                s = summarize(m, per_size["limits"], none, save_steps * (
-                    none["step_ms_p50"] if none else m["step_ms_p50"]) / 1000)
-                runs[variant] = {"metrics": m, "summary": s}
-                log(f"    {variant:18} {time.time() - t0:5.1f} s  step p50 {s['step_p50_ms']:.0f} ms"
+                runs[variant] = {"metrics": m}
+                log(f"    {variant:18} {time.time() - t0:5.1f} s  step p50 {m['step_ms_p50']:.0f} ms"
                     + ("" if variant == "none" else
-                       f"  blocked {s['blocked_s']:.3f} s  durable {s['durable_s']:.3f} s  "
-                       f"persist {s['persist_bps'] / 1e6:.0f} MB/s  restore "
-                       f"{fmt(s['restore_bps'] and s['restore_bps'] / 1e6, '.0f')} MB/s"))
+                       f"  blocked {m['blocked_seconds_per_save_median']:.3f} s  durable "
+                       f"{m['seconds_to_durable_median']:.3f} s  write/read limit beside "
+                       f"{m['limits_beside'].get('write', 0) / 1e6:.0f}/"
+                       f"{m['limits_beside'].get('read', 0) / 1e6:.0f} MB/s  restore "
+                       f"{fmt(m.get('restore_bytes_per_second') and m['restore_bytes_per_second'] / 1e6, '.0f')} MB/s"))
+            if none and "step_ms_p50_runs" in none:
+                none["step_ms_p50"] = statistics.mean(none["step_ms_p50_runs"])
+                none["step_ms_p99"] = statistics.mean(none["step_ms_p99_runs"])
+            for variant, r in runs.items():
+                r["summary"] = summarize(r["metrics"], per_size["limits"],
+                                         none if variant != "none" else None,
+                                         save_steps * (none or r["metrics"])["step_ms_p50"] / 1000)
+                if variant == "none":
+                    r["summary"]["step_p50_ms"] = none["step_ms_p50"]
+                    r["summary"]["step_p99_ms"] = none["step_ms_p99"]
             per_size["layouts"][layout] = runs
     report["targets"] = targets(report["results"])
     report["seconds"] = time.time() - started
