@@ -677,7 +677,9 @@ def main():
             per_size["layouts"][layout] = runs
     report["targets"] = targets(report["results"])
     report["seconds"] = time.time() - started
-    stem = f"bench-{mode}"
+    # Only the default matrices replace the committed results; any other run is "custom".
+    custom = args.sizes or args.layouts != "large,small" or args.variants != ",".join(VARIANTS)
+    stem = "bench-custom" if custom else f"bench-{mode}"
     report["pictures"] = pictures(report, args.out, stem)
     md = markdown(report)
     with open(os.path.join(args.out, stem + ".md"), "w") as f:
