@@ -33,6 +33,7 @@
 #include "src/cli/json.h"
 #include "src/cli/memcpy_yardstick.h"
 #include "src/cli/memory_budget.h"
+#include "src/cli/naive_saver.h"
 #include "src/cli/sim_model.h"
 #include "src/util/status_macros.h"
 
@@ -60,12 +61,16 @@ const std::vector<FlagSpec>& TrainSimFlags() {
       {"compression_level", "1", "zstd level"},
       {"chunk_bytes", "4MiB", "chunk size, 4KiB to 1GiB"},
       {"num_data_files", "2", "data files per checkpoint"},
-      {"saver", "async", "async (background flow graph) or sync (saves on the training thread)"},
+      {"saver", "async",
+       "async (background flow graph), sync (saves on the training thread), naive (write + "
+       "fsync of one file per tensor on the training thread: the numpy.save baseline) or none "
+       "(no checkpointing: the step-time reference)"},
       {"staging_bytes", "0", "async: pinned staging budget (0 = one full snapshot)"},
       {"on_busy", "wait", "async: wait or skip when a save is due and staging is busy"},
       {"on_error", "stop", "async: stop or continue when a background save (model or input) fails"},
       {"background_threads", "0", "async: threads of the background arena (0 = all cores)"},
       {"io", "auto", "I/O backend: auto (io_uring when available), uring or posix"},
+      {"queue_depth", "64", "most I/O requests in flight (SaverOptions::queue_depth)"},
       {"o_direct", "true",
        "true: write data files with O_DIRECT where the file system allows; false: buffered"},
       {"seed", "42", "seed of the initial state and the synthetic gradients"},
@@ -86,6 +91,8 @@ const std::vector<FlagSpec>& TrainSimFlags() {
        "(comma-separated), as a pre-empted accelerator would; the session recovers from the "
        "newest checkpoint"},
       {"metrics_json", "", "write the summary as one JSON object to this file"},
+      {"step_series", "",
+       "add every step's time (the first 1000000 steps) to --metrics_json, for timelines", true},
       {"verify", "", "after training, verify every checkpoint the state file lists", true},
       {"quiet", "", "no progress line", true},
       {"memcpy_yardstick", "true",
@@ -109,6 +116,7 @@ struct TrainSimConfig {
   std::string saver_kind;
   std::string metrics_json;
   bool verify = false;
+  bool step_series = false;
   bool quiet = false;
   bool memcpy_yardstick = true;
   bool dir_was_given = false;
@@ -288,9 +296,10 @@ Status CheckSaverFlags(const ParsedFlags& flags, TrainSimConfig& config) {
   ASSIGN_OR_RETURN(int64_t files, IntFlag(flags, "num_data_files", 1, 4096));
   saver.num_data_files = static_cast<uint32_t>(files);
   config.saver_kind = flags.get("saver");
-  if (config.saver_kind != "sync" && config.saver_kind != "async") {
-    return Status::InvalidArgument("--saver must be async or sync, not '" + config.saver_kind +
-                                   "'");
+  if (config.saver_kind != "sync" && config.saver_kind != "async" && config.saver_kind != "naive" &&
+      config.saver_kind != "none") {
+    return Status::InvalidArgument("--saver must be async, sync, naive or none, not '" +
+                                   config.saver_kind + "'");
   }
   ASSIGN_OR_RETURN(saver.staging_bytes, flags.get_bytes("staging_bytes"));
   const uint64_t largest_chunk = LayoutOf(config.model, saver.chunk_bytes).largest_chunk();
@@ -317,6 +326,8 @@ Status CheckSaverFlags(const ParsedFlags& flags, TrainSimConfig& config) {
     return Status::InvalidArgument("--io must be auto, uring or posix, not '" + io + "'");
   }
   saver.force_posix_io = io == "posix";
+  ASSIGN_OR_RETURN(int64_t queue_depth, IntFlag(flags, "queue_depth", 1, 4096));
+  saver.queue_depth = static_cast<unsigned>(queue_depth);
   ASSIGN_OR_RETURN(saver.use_o_direct, flags.get_bool("o_direct"));
   saver.user_metadata["job"] = "train-sim";
   saver.user_metadata["seed"] = std::to_string(config.model.seed);
@@ -357,8 +368,11 @@ Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
   RETURN_IF_ERROR(CheckInputFlags(flags, config));
   config.metrics_json = flags.get("metrics_json");
   config.verify = flags.get_switch("verify");
+  config.step_series = flags.get_switch("step_series");
   config.quiet = flags.get_switch("quiet");
   ASSIGN_OR_RETURN(config.memcpy_yardstick, flags.get_bool("memcpy_yardstick"));
+  // Without saves there is nothing to hold a memcpy against.
+  if (config.saver_kind == "none") config.memcpy_yardstick = false;
   if (flags.has("max_memory")) {
     ASSIGN_OR_RETURN(config.max_memory, flags.get_bytes("max_memory"));
   }
@@ -496,12 +510,28 @@ double Percentile(std::vector<double> values, double p) {
   return values[std::min(values.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
+// Most steps --step_series keeps: 24 bytes each, so at most 24 MB.
+constexpr size_t kMaxSeriesSteps = 1000000;
+
+// One step of the --step_series timeline.
+struct StepPoint {
+  int64_t step = 0;
+  double ms = 0;
+  bool saved = false;
+};
+
 struct RunSummary {
   int64_t start_step = 0;
   int64_t final_step = 0;
   std::vector<double> step_ms_save;
   std::vector<double> step_ms_no_save;
+  std::vector<StepPoint> step_series;  // with --step_series: the first kMaxSeriesSteps steps
   double wall_seconds = 0;
+  // The training loop's own wall time, less the yardstick memcpys taken inside it: its steps
+  // at the median step time plus what checkpointing cost beyond them.
+  double loop_seconds = 0;
+  uint64_t peak_rss_bytes = 0;                       // VmHWM at the end
+  uint64_t tensors = 0;                              // arrays in the registry
   std::map<int64_t, double> memcpy_seconds_by_step;  // the yardstick taken before each save
   uint64_t digest = 0;
   SaverTotals totals;
@@ -513,10 +543,22 @@ struct RunSummary {
   int64_t recoveries = 0;
 };
 
+// The hook of --saver; null for --saver none.
 Result<std::unique_ptr<SessionRunHook>> MakeSaverHook(const TrainSimConfig& config,
                                                       const TensorRegistry* registry,
                                                       SaveRecorder* recorder,
                                                       std::function<SaverTotals()>* totals) {
+  if (config.saver_kind == "none") {
+    *totals = [] { return SaverTotals{}; };
+    return std::unique_ptr<SessionRunHook>();
+  }
+  if (config.saver_kind == "naive") {
+    auto hook = NaiveSaverHook::Create(config.saver, registry, {recorder});
+    if (!hook.ok()) return hook.status();
+    NaiveSaverHook* raw = hook->get();
+    *totals = [raw] { return raw->totals(); };
+    return std::unique_ptr<SessionRunHook>(std::move(hook).value());
+  }
   if (config.saver_kind == "sync") {
     auto hook = CheckpointSaverHook::Create(config.saver, registry, {recorder});
     if (!hook.ok()) return hook.status();
@@ -613,6 +655,16 @@ Status VerifyListed(const std::string& dir, int* verified) {
   return Status::OK();
 }
 
+// The process's peak resident set (VmHWM in /proc/self/status); 0 where it cannot be read.
+uint64_t PeakRssBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::strtoull(line.c_str() + 6, nullptr, 10) << 10;
+  }
+  return 0;
+}
+
 Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
   if (!config.dir_was_given) {
     ASSIGN_OR_RETURN(config.saver.checkpoint_dir, MakeTempCheckpointDir());
@@ -626,6 +678,7 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
       config.saver.save_steps ? (std::to_string(*config.saver.save_steps) + " steps").c_str()
                               : (std::to_string(*config.saver.save_secs) + " s").c_str());
   summary->state_bytes = registry.total_bytes();
+  summary->tensors = registry.size();
 
   ASSIGN_OR_RETURN(auto input, OpenInput(config));
   // Every hook's save_secs timer reads the time the step ended, not its own moment inside
@@ -636,8 +689,15 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
   SaveRecorder recorder;
   std::function<SaverTotals()> totals;
   ASSIGN_OR_RETURN(auto hook, MakeSaverHook(config, &registry, &recorder, &totals));
-  ASSIGN_OR_RETURN(auto input_hook, MakeInputHook(config, input.get()));
-  std::vector<SessionRunHook*> hooks = {hook.get(), input_hook.get()};
+  // The input is checkpointed beside the library's savers only: none saves nothing, and naive
+  // stands for a job that saves its tensors and nothing else.
+  std::unique_ptr<CheckpointInputPipelineHook> input_hook;
+  if (config.saver_kind == "sync" || config.saver_kind == "async") {
+    ASSIGN_OR_RETURN(input_hook, MakeInputHook(config, input.get()));
+  }
+  std::vector<SessionRunHook*> hooks;
+  if (hook) hooks.push_back(hook.get());
+  if (input_hook) hooks.push_back(input_hook.get());
   std::unique_ptr<MemcpyYardstickHook> yardstick;
   if (config.memcpy_yardstick) {
     ASSIGN_OR_RETURN(yardstick, MemcpyYardstickHook::Create(&registry, config.saver));
@@ -659,6 +719,7 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
 
   const auto wall_start = SteadyClock::now();
   auto last_progress = wall_start;
+  double yardstick_ms_in_loop = 0;
   Status status;
   while (!session->should_stop() && session->global_step() < config.steps) {
     const auto step_start = SteadyClock::now();
@@ -681,10 +742,16 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
     // The yardstick is train-sim's own measurement, not a cost of checkpointing.
     if (yardstick) {
       auto it = yardstick->seconds_by_step().find(session->global_step());
-      if (it != yardstick->seconds_by_step().end()) ms -= it->second * 1000;
+      if (it != yardstick->seconds_by_step().end()) {
+        ms -= it->second * 1000;
+        yardstick_ms_in_loop += it->second * 1000;
+      }
     }
-    (recorder.saved_at(session->global_step()) ? summary->step_ms_save : summary->step_ms_no_save)
-        .push_back(ms);
+    const bool saved = recorder.saved_at(session->global_step());
+    (saved ? summary->step_ms_save : summary->step_ms_no_save).push_back(ms);
+    if (config.step_series && summary->step_series.size() < kMaxSeriesSteps) {
+      summary->step_series.push_back({session->global_step(), ms, saved});
+    }
     if (!config.quiet && SteadyClock::now() - last_progress > std::chrono::milliseconds(500)) {
       last_progress = SteadyClock::now();
       const SaverTotals now = totals();
@@ -694,6 +761,8 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
           session->global_step(), config.steps, now.saves_committed, now.blocked_seconds_total);
     }
   }
+  summary->loop_seconds = std::chrono::duration<double>(SteadyClock::now() - wall_start).count() -
+                          yardstick_ms_in_loop / 1000;
   if (status.code() == StatusCode::kOutOfRange) {
     std::fprintf(stderr, "\ntrain-sim: the dataset ended at step %" PRId64 "\n",
                  session->global_step());
@@ -710,9 +779,13 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
   summary->digest = model->Digest();
   summary->input_digest = IteratorDigest(*input);
   summary->records_consumed = input->records_emitted();
-  summary->input_checkpoints = input_hook->saves_committed();
+  summary->input_checkpoints = input_hook ? input_hook->saves_committed() : 0;
   if (yardstick) summary->memcpy_seconds_by_step = yardstick->seconds_by_step();
-  if (config.verify) RETURN_IF_ERROR(VerifyListed(config.saver.checkpoint_dir, &summary->verified));
+  summary->peak_rss_bytes = PeakRssBytes();
+  // naive and none write no checkpoint the reader could verify.
+  if (config.verify && input_hook) {
+    RETURN_IF_ERROR(VerifyListed(config.saver.checkpoint_dir, &summary->verified));
+  }
   return Status::OK();
 }
 
@@ -743,6 +816,32 @@ std::vector<double> BlockedOverMemcpyPerSave(const RunSummary& s) {
   return ratios;
 }
 
+std::vector<double> AllStepsMs(const RunSummary& s) {
+  std::vector<double> all = s.step_ms_no_save;
+  all.insert(all.end(), s.step_ms_save.begin(), s.step_ms_save.end());
+  return all;
+}
+
+// The loop's wall time beyond its steps at their median time: what the saves cost the loop,
+// blocked time and slowed steps alike (yardstick memcpys excluded).
+double LoopSecondsLost(const RunSummary& s) {
+  const std::vector<double> all = AllStepsMs(s);
+  return s.loop_seconds - static_cast<double>(all.size()) * Percentile(all, 50) / 1000;
+}
+
+double LoopSecondsLostPerSave(const RunSummary& s) {
+  return s.step_ms_save.empty() ? 0
+                                : LoopSecondsLost(s) / static_cast<double>(s.step_ms_save.size());
+}
+
+std::vector<double> DurablePerSave(const SaverTotals& totals) {
+  std::vector<double> durable;
+  for (const auto& save : totals.saves) {
+    if (save.status.ok()) durable.push_back(save.seconds_to_durable);
+  }
+  return durable;
+}
+
 std::string Hex(uint64_t value) {
   char buffer[20];
   std::snprintf(buffer, sizeof(buffer), "%016" PRIx64, value);
@@ -765,6 +864,10 @@ void PrintSummary(const TrainSimConfig& config, const RunSummary& s, uint64_t st
       "p99 %.1f ms\n",
       Percentile(s.step_ms_no_save, 50), Percentile(s.step_ms_no_save, 99),
       Percentile(s.step_ms_save, 50), Percentile(s.step_ms_save, 99));
+  std::printf("step time, all     p50 %.1f ms p99 %.1f ms\n", Percentile(AllStepsMs(s), 50),
+              Percentile(AllStepsMs(s), 99));
+  std::printf("loop time lost     %.3f s beyond the steps at their median time; %.3f s per save\n",
+              LoopSecondsLost(s), LoopSecondsLostPerSave(s));
   const double blocked_median = Percentile(BlockedPerSave(t), 50);
   std::printf("blocked by saves   %.3f s total; per save median %.3f s, max %.3f s\n",
               t.blocked_seconds_total, blocked_median, t.blocked_seconds_max);
@@ -788,6 +891,7 @@ void PrintSummary(const TrainSimConfig& config, const RunSummary& s, uint64_t st
   if (!t.stale_temporaries_removed.empty()) {
     std::printf("stale temporaries  %zu removed\n", t.stale_temporaries_removed.size());
   }
+  std::printf("peak RSS           %s (VmHWM)\n", FormatBytes(double(s.peak_rss_bytes)).c_str());
   std::printf("recoveries         %" PRId64 " (sessions re-created after a pre-emption)\n",
               s.recoveries);
   if (s.verified >= 0) std::printf("verified           %d listed checkpoints OK\n", s.verified);
@@ -817,6 +921,18 @@ Status WriteMetricsJson(const TrainSimConfig& config, const RunSummary& s, uint6
   json.field("step_ms_p99_without_save", Percentile(s.step_ms_no_save, 99));
   json.field("step_ms_p50_with_save", Percentile(s.step_ms_save, 50));
   json.field("step_ms_p99_with_save", Percentile(s.step_ms_save, 99));
+  json.field("step_ms_p50", Percentile(AllStepsMs(s), 50));
+  json.field("step_ms_p99", Percentile(AllStepsMs(s), 99));
+  json.field("loop_seconds", s.loop_seconds);
+  json.field("saves_in_loop", static_cast<int64_t>(s.step_ms_save.size()));
+  json.field("loop_seconds_lost", LoopSecondsLost(s));
+  json.field("loop_seconds_lost_per_save", LoopSecondsLostPerSave(s));
+  json.field("peak_rss_bytes", s.peak_rss_bytes);
+  json.field("memcpy_yardstick_bytes", config.memcpy_yardstick ? state_bytes : uint64_t{0});
+  json.field("io", config.saver.force_posix_io ? "posix" : "auto");
+  json.field("queue_depth", static_cast<int64_t>(config.saver.queue_depth));
+  json.field("compression", std::string(CompressionKindName(config.saver.compression.kind)));
+  json.field("tensors", static_cast<int64_t>(s.tensors));
   json.field("blocked_seconds_total", t.blocked_seconds_total);
   json.field("blocked_seconds_per_save_max", t.blocked_seconds_max);
   json.field("blocked_seconds_per_save_median", Percentile(BlockedPerSave(t), 50));
@@ -834,6 +950,7 @@ Status WriteMetricsJson(const TrainSimConfig& config, const RunSummary& s, uint6
   json.field("staging_high_water_bytes", t.staging_high_water_bytes);
   json.field("seconds_to_durable_total", t.seconds_to_durable_total);
   json.field("seconds_to_durable_max", t.seconds_to_durable_max);
+  json.field("seconds_to_durable_median", Percentile(DurablePerSave(t), 50));
   json.key("chunks_by_codec").begin_object();
   for (const auto& [k, v] : t.chunks_by_codec) json.field(k, v);
   json.end_object();
@@ -866,6 +983,19 @@ Status WriteMetricsJson(const TrainSimConfig& config, const RunSummary& s, uint6
   json.field("input_state_digest", Hex(s.input_digest));
   json.field("records_consumed", s.records_consumed);
   json.field("input_checkpoints_committed", s.input_checkpoints);
+  if (config.step_series) {
+    json.key("step_series").begin_object();
+    json.key("step").begin_array();
+    for (const StepPoint& point : s.step_series) json.value(point.step);
+    json.end_array();
+    json.key("ms").begin_array();
+    for (const StepPoint& point : s.step_series) json.value(point.ms);
+    json.end_array();
+    json.key("saved").begin_array();
+    for (const StepPoint& point : s.step_series) json.value(point.saved);
+    json.end_array();
+    json.end_object();
+  }
   json.end_object();
   std::ofstream out(config.metrics_json, std::ios::trunc);
   out << json.str() << '\n';

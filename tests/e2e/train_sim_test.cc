@@ -371,6 +371,44 @@ TEST_F(TrainSimTest, YardstickOffAndBufferedWritesStillSaveEveryStep) {
   EXPECT_NE(run.out.find("state memcpy       not measured"), std::string::npos) << run.out;
 }
 
+// ---- the benchmark's baselines and figures ------------------------------------------------------
+
+TEST_F(TrainSimTest, NoneSavesNothingAndReportsEveryStepAndPeakRss) {
+  const std::string dir = Path("saver_none");
+  RunResult run = Train(dir, 8, {"--saver", "none", "--step_series", "--verify"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(run.metrics["checkpoints_committed"], 0);
+  EXPECT_EQ(run.metrics["saves_in_loop"], 0);
+  EXPECT_EQ(run.metrics["verified_checkpoints"], -1);
+  EXPECT_TRUE(run.metrics["state_memcpy_runs"].empty()) << run.metrics.dump();
+  EXPECT_GE(run.metrics["peak_rss_bytes"].get<uint64_t>(),
+            run.metrics["state_bytes"].get<uint64_t>());
+  EXPECT_EQ(run.metrics["step_series"]["step"], Json({1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(run.metrics["step_series"]["ms"].size(), 8u);
+  for (const Json& saved : run.metrics["step_series"]["saved"]) EXPECT_EQ(saved, false);
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    EXPECT_EQ(entry.path().filename(), "train-sim-dataset.bin") << "none wrote " << entry.path();
+  }
+}
+
+TEST_F(TrainSimTest, NaiveWritesOneFilePerTensorAndMarksItsSaveSteps) {
+  const std::string dir = Path("saver_naive");
+  RunResult run = Train(dir, 8, {"--saver", "naive", "--step_series"});  // saves 0, 4, 8
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(run.metrics["checkpoints_committed"], 3);
+  EXPECT_EQ(run.metrics["saves_in_loop"], 2);
+  const Json& saved = run.metrics["step_series"]["saved"];
+  EXPECT_EQ(saved, Json({false, false, false, true, false, false, false, true}));
+  size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(dir + "/naive-8")) {
+    files += entry.is_regular_file();
+  }
+  EXPECT_EQ(files, static_cast<size_t>(run.metrics["tensors"].get<int64_t>()));
+  for (const Json& save : run.metrics["saves"]) {
+    EXPECT_EQ(save["blocked_seconds"], save["seconds_to_durable"]) << save.dump();
+  }
+}
+
 // ---- sizes train-sim refuses before allocating -------------------------------------------------
 
 // What train-sim said when run with exactly `args` (after "train-sim"): a bad value is refused
