@@ -1,6 +1,7 @@
 #include "io/fault_injection_file_system.h"
 
 #include <cerrno>
+#include <cstdint>
 #include <utility>
 
 #include "io/posix_file_system.h"
@@ -116,6 +117,79 @@ class FaultInjectionFileSystem::FaultFile final : public File {
   FaultInjectionFileSystem* fs_;
   std::unique_ptr<File> inner_;
   std::shared_ptr<FileState> state_;
+};
+
+// Counts each request as it is submitted and cuts it as its fault says; see the class comment.
+class FaultInjectionFileSystem::FaultQueue final : public IoQueue {
+ public:
+  FaultQueue(FaultInjectionFileSystem* fs, IoCallback on_complete)
+      : fs_(fs), on_complete_(std::move(on_complete)) {}
+  // The target's queue drains first: its callbacks call on_complete_.
+  ~FaultQueue() override { inner_.reset(); }
+
+  IoStatus Start(unsigned depth) {
+    IoQueueOptions options{
+        depth, [this](uint64_t inner_tag, IoStatus status) { Done(inner_tag, std::move(status)); }};
+    return fs_->target()->new_io_queue(options, &inner_);
+  }
+
+  void submit_write(const WriteOp& op, uint64_t tag) override {
+    WriteOp inner = op;
+    const uint64_t inner_tag =
+        Admit(op.file, op.offset, op.length, FaultOp::kWrite, tag, &inner.file, &inner.length);
+    inner_->submit_write(inner, inner_tag);
+  }
+  void submit_read(const ReadOp& op, uint64_t tag) override {
+    ReadOp inner = op;
+    const uint64_t inner_tag =
+        Admit(op.file, op.offset, op.length, FaultOp::kRead, tag, &inner.file, &inner.length);
+    inner_->submit_read(inner, inner_tag);
+  }
+  void drain() override { inner_->drain(); }
+  unsigned depth() const override { return inner_->depth(); }
+  std::string name() const override { return "fault_injection(" + inner_->name() + ")"; }
+
+ private:
+  // What travels with a request through the target's queue (its tag there is the address).
+  struct Pending {
+    uint64_t tag;
+    IoStatus fault;  // ok: none drawn
+  };
+
+  // Counts the request, draws its fault, and points *inner_file / *inner_length at what the
+  // target's queue is to do; returns the target-queue tag.
+  uint64_t Admit(File* file, uint64_t offset, size_t length, FaultOp kind, uint64_t tag,
+                 File** inner_file, size_t* inner_length) {
+    auto pending = std::make_unique<Pending>(Pending{tag, IoStatus::Ok()});
+    auto* wrapped = dynamic_cast<FaultFile*>(file);
+    if (wrapped != nullptr) *inner_file = wrapped->inner();
+    if (file != nullptr) {
+      const Injected fault = fs_->Check(kind, {file->path()});
+      if (kind == FaultOp::kWrite && wrapped != nullptr && wrapped->state() != nullptr &&
+          (fault.errno_value == 0 || fault.mode == FaultMode::kShortTransfer)) {
+        fs_->MarkDirty(*wrapped->state());
+      }
+      if (fault.errno_value != 0) {
+        const size_t done =
+            fault.mode == FaultMode::kShortTransfer ? ShortLength(length, file->is_direct()) : 0;
+        pending->fault = InjectedFailure(fault.errno_value, fault.mode,
+                                         kind == FaultOp::kWrite ? "write" : "read",
+                                         DescribeOffset(file->path(), offset), done, length);
+        *inner_length = done;
+      }
+    }
+    return reinterpret_cast<uintptr_t>(pending.release());
+  }
+
+  void Done(uint64_t inner_tag, IoStatus status) {
+    std::unique_ptr<Pending> pending(reinterpret_cast<Pending*>(inner_tag));
+    // A short transfer that failed underneath reports that failure, as File::write_at does.
+    on_complete_(pending->tag, status.ok() ? std::move(pending->fault) : std::move(status));
+  }
+
+  FaultInjectionFileSystem* const fs_;
+  const IoCallback on_complete_;
+  std::unique_ptr<IoQueue> inner_;
 };
 
 namespace {
@@ -283,6 +357,16 @@ IoStatus FaultInjectionFileSystem::write_batch(std::span<const WriteOp> ops) {
 
 IoStatus FaultInjectionFileSystem::read_batch(std::span<const ReadOp> ops) {
   return RunBatch<ReadOp>(ops, FaultOp::kRead, "read", &FileSystem::read_batch);
+}
+
+IoStatus FaultInjectionFileSystem::new_io_queue(const IoQueueOptions& options,
+                                                std::unique_ptr<IoQueue>* queue) {
+  if (!options.on_complete) return IoStatus(EINVAL, "new_io_queue: on_complete is not set");
+  if (options.depth == 0) return IoStatus(EINVAL, "new_io_queue: depth must be at least 1");
+  auto fault_queue = std::make_unique<FaultQueue>(this, options.on_complete);
+  if (IoStatus s = fault_queue->Start(options.depth); !s.ok()) return s;
+  *queue = std::move(fault_queue);
+  return IoStatus::Ok();
 }
 
 IoStatus FaultInjectionFileSystem::create_dir(const std::string& path) {

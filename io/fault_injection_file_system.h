@@ -66,6 +66,13 @@ enum class FaultMode : uint8_t {
 /// rolled back (tracking follows renames and forgets removed paths); bytes overwritten inside
 /// the synced length are not restored; paths are compared as spelled, so use one spelling.
 ///
+/// Queues (new_io_queue) wrap the target's queue: each request is counted, in submission
+/// order, as one write_at/read_at would be, when it is submitted; a request hit by a fault
+/// goes to the target's queue cut to its short transfer's share (or to nothing), and its
+/// callback gets the injected failure once that share is done. Requests on this wrapper's
+/// Files reach the target's queue on the target's Files, so the io_uring queue keeps them in
+/// its ring. A queue must not outlive the wrapper.
+///
 /// Thread-safe. Files it opens wrap the target's File, report fd() == -1 (so that a backend
 /// given one in a batch goes through write_at/read_at and the faults apply), and must not
 /// outlive the wrapper.
@@ -82,6 +89,8 @@ class FaultInjectionFileSystem final : public FileSystemWrapper {
   IoStatus lock_file(const std::string& path, std::unique_ptr<FileLock>* lock) override;
   IoStatus write_batch(std::span<const WriteOp> ops) override;
   IoStatus read_batch(std::span<const ReadOp> ops) override;
+  /// The target's queue behind one that injects faults (see the class comment).
+  IoStatus new_io_queue(const IoQueueOptions& options, std::unique_ptr<IoQueue>* queue) override;
   IoStatus create_dir(const std::string& path) override;
   IoStatus create_dirs(const std::string& path) override;
   IoStatus remove_file(const std::string& path) override;
@@ -115,6 +124,7 @@ class FaultInjectionFileSystem final : public FileSystemWrapper {
 
  private:
   class FaultFile;
+  class FaultQueue;
   struct FileState;
   struct Rule {
     std::string path_substring;

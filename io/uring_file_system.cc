@@ -1,11 +1,14 @@
 #include "io/uring_file_system.h"
 
 #include <liburing.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
+
+#include "io/thread_pool_io_queue.h"
 
 namespace asyncckpt::io {
 
@@ -363,6 +366,29 @@ void UringFileSystem::ReleaseRing(std::unique_ptr<UringRing> ring) {
   idle_rings_.push_back(std::move(ring));
 }
 
+namespace {
+
+// "register io_uring buffers (N buffers, M bytes; using unregistered I/O): <strerror>", with
+// the memlock limit when that is the likely cause.
+IoStatus RegistrationFailure(int error_number, const std::vector<iovec>& buffers,
+                             std::string_view where) {
+  size_t bytes = 0;
+  for (const iovec& b : buffers) bytes += b.iov_len;
+  std::string subject = std::string(where) + "(" + std::to_string(buffers.size()) + " buffers, " +
+                        std::to_string(bytes) + " bytes; using unregistered I/O)";
+  IoStatus status = IoStatus::FromErrno(error_number, "register io_uring buffers", subject);
+  rlimit limit{};
+  if (error_number == ENOMEM && getrlimit(RLIMIT_MEMLOCK, &limit) == 0 &&
+      limit.rlim_cur != RLIM_INFINITY) {
+    return IoStatus(error_number, status.message() + " (RLIMIT_MEMLOCK is " +
+                                      std::to_string(limit.rlim_cur) +
+                                      " bytes, and every ring pins the buffers again)");
+  }
+  return status;
+}
+
+}  // namespace
+
 IoStatus UringFileSystem::RegisterBuffers(std::span<const iovec> buffers) {
   std::vector<iovec> pieces;
   for (const iovec& b : buffers) {
@@ -380,21 +406,47 @@ IoStatus UringFileSystem::RegisterBuffers(std::span<const iovec> buffers) {
       return IoStatus(EINVAL, "register io_uring buffers: buffers overlap");
     }
   }
+  IoStatus first_error;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    fixed_buffers_ = std::move(pieces);
+    fixed_buffers_ = pieces;
     ++fixed_generation_;
     // Idle rings are updated now; busy ones when they come back.
     for (auto& ring : idle_rings_) {
       int error_number = ring->Register(fixed_buffers_, fixed_generation_);
-      if (error_number != 0) {
-        return IoStatus::FromErrno(
-            error_number, "register io_uring buffers",
-            "(" + std::to_string(fixed_buffers_.size()) + " buffers; using unregistered I/O)");
+      if (error_number != 0 && first_error.ok()) {
+        first_error = RegistrationFailure(error_number, fixed_buffers_, "");
       }
     }
   }
-  return IoStatus::Ok();
+  // The queues' rings, each switched by its owner thread; see io/uring_io_queue.h.
+  IoStatus queues = queue_buffers_->Publish(pieces);
+  if (!queues.ok() && first_error.ok()) {
+    first_error = RegistrationFailure(queues.error_number(), pieces, "with a queue's ring ");
+  }
+  return first_error;
+}
+
+IoStatus UringFileSystem::register_buffers(std::span<const IoBuffer> buffers) {
+  std::vector<iovec> iovecs;
+  iovecs.reserve(buffers.size());
+  for (const IoBuffer& b : buffers) iovecs.push_back({b.data, b.length});
+  return RegisterBuffers(iovecs);
+}
+
+IoStatus UringFileSystem::new_io_queue(const IoQueueOptions& options,
+                                       std::unique_ptr<IoQueue>* queue) {
+  if (!options.on_complete) return IoStatus(EINVAL, "new_io_queue: on_complete is not set");
+  if (options.depth == 0) return IoStatus(EINVAL, "new_io_queue: depth must be at least 1");
+  std::unique_ptr<UringIoQueue> uring_queue;
+  if (UringIoQueue::Create(UringIoQueueSettings{options, queue_buffers_}, &uring_queue).ok()) {
+    *queue = std::move(uring_queue);
+    return IoStatus::Ok();
+  }
+  // No ring to be had now (ENOMEM from too many, or under RLIMIT_MEMLOCK): the thread pool
+  // does the same job.
+  queue_fallbacks_.fetch_add(1, std::memory_order_relaxed);
+  return NewThreadPoolIoQueue(options, queue);
 }
 
 void UringFileSystem::UnregisterBuffers() { (void)RegisterBuffers({}); }

@@ -1,7 +1,9 @@
 #pragma once
 
 // The io_uring backend. Files, single reads and writes and every directory operation are the
-// POSIX backend's; only write_batch() and read_batch() go through a ring.
+// POSIX backend's; write_batch() and read_batch() go through a pool of rings (below), and
+// new_io_queue() hands out a UringIoQueue, a ring with an owner thread of its own
+// (io/uring_io_queue.h).
 //
 // The life of a ring. A ring is not thread-safe, so the file system keeps a pool of them
 // behind a mutex: a batch takes an idle ring (or sets up a new one), owns it alone until
@@ -23,6 +25,7 @@
 
 #include "asyncckpt/file_system.h"
 #include "io/posix_file_system.h"
+#include "io/uring_io_queue.h"
 
 namespace asyncckpt::io {
 
@@ -51,20 +54,35 @@ class UringFileSystem final : public PosixFileSystem {
   std::string name() const override { return "io_uring"; }
   IoStatus write_batch(std::span<const WriteOp> ops) override;
   IoStatus read_batch(std::span<const ReadOp> ops) override;
+  /// A UringIoQueue sharing this file system's registered buffers; the thread-pool queue when
+  /// no ring can be set up now (queue_fallbacks() counts those). The queue may outlive the
+  /// file system (its Files may not).
+  IoStatus new_io_queue(const IoQueueOptions& options, std::unique_ptr<IoQueue>* queue) override;
+  /// RegisterBuffers() for the public interface.
+  IoStatus register_buffers(std::span<const IoBuffer> buffers) override;
+  /// UnregisterBuffers() for the public interface.
+  void unregister_buffers() override { UnregisterBuffers(); }
 
-  /// Registers `buffers` as fixed buffers (replacing earlier ones) on every ring, so that a
-  /// batch op lying wholly inside one of them is sent as WRITE_FIXED / READ_FIXED. Buffers
-  /// may not overlap (EINVAL). When the kernel refuses (ENOMEM under RLIMIT_MEMLOCK, too many
-  /// buffers) I/O silently goes on without them: the returned status only informs. The
-  /// memory must stay mapped until UnregisterBuffers() returns, a later RegisterBuffers()
-  /// returns, or the file system is destroyed.
+  /// Registers `buffers` as fixed buffers (replacing earlier ones) on every ring, the batch
+  /// pool's and every live queue's (waiting until each queue's owner has switched tables),
+  /// so that an op lying wholly inside one of them is sent as WRITE_FIXED / READ_FIXED.
+  /// Buffers may not overlap (EINVAL). When the kernel refuses (ENOMEM under RLIMIT_MEMLOCK,
+  /// which every ring's pins count against; too many buffers) I/O silently goes on without
+  /// them: the returned status only informs. The memory must stay mapped until
+  /// UnregisterBuffers() returns, a later RegisterBuffers() returns, or the file system is
+  /// destroyed. Not from an IoQueue callback.
   IoStatus RegisterBuffers(std::span<const iovec> buffers);
   /// Forgets the registered buffers; rings busy in another batch drop them when it ends.
   void UnregisterBuffers();
   /// How many rings were set up so far (the pool's high-water mark plus any closed as broken).
   size_t rings_created() const { return rings_created_.load(std::memory_order_relaxed); }
-  /// How many requests went to the kernel as READ_FIXED / WRITE_FIXED so far.
-  uint64_t fixed_requests() const { return fixed_requests_.load(std::memory_order_relaxed); }
+  /// How many requests (batch ops and queue SQEs) went to the kernel as READ_FIXED /
+  /// WRITE_FIXED so far.
+  uint64_t fixed_requests() const {
+    return fixed_requests_.load(std::memory_order_relaxed) + queue_buffers_->fixed_requests();
+  }
+  /// How many new_io_queue() calls fell back to the thread pool for want of a ring.
+  uint64_t queue_fallbacks() const { return queue_fallbacks_.load(std::memory_order_relaxed); }
 
  private:
   UringFileSystem(unsigned queue_depth, std::unique_ptr<UringRing> first_ring);
@@ -89,6 +107,8 @@ class UringFileSystem final : public PosixFileSystem {
   const unsigned queue_depth_;
   std::atomic<size_t> rings_created_{1};
   std::atomic<uint64_t> fixed_requests_{0};
+  std::atomic<uint64_t> queue_fallbacks_{0};
+  const std::shared_ptr<UringFixedBuffers> queue_buffers_ = std::make_shared<UringFixedBuffers>();
   std::mutex mu_;
   std::vector<std::unique_ptr<UringRing>> idle_rings_;  // guarded by mu_
   std::vector<iovec> fixed_buffers_;                    // guarded by mu_; sorted by address

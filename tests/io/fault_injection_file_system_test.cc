@@ -7,7 +7,9 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -366,6 +368,98 @@ TEST_P(FaultInjectionFileSystemTest, LocksPassThroughAndConflictWithTheTargetsOw
   EXPECT_EQ(s.error_number(), ENOLCK);
   EXPECT_EQ(s.message(),
             "lock " + Path("y/x.lock") + ": " + std::strerror(ENOLCK) + " (injected fault)");
+}
+
+// Outcomes of a queue's requests, by tag.
+class QueueOutcomes {
+ public:
+  IoCallback Callback() {
+    return [this](uint64_t tag, IoStatus status) {
+      std::lock_guard lock(mu_);
+      outcomes_.emplace(tag, std::move(status));
+    };
+  }
+  std::map<uint64_t, IoStatus> get() const {
+    std::lock_guard lock(mu_);
+    return outcomes_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<uint64_t, IoStatus> outcomes_;
+};
+
+TEST_P(FaultInjectionFileSystemTest, QueuedWritesAreCountedInSubmissionOrderAndFailLikeWriteAt) {
+  auto file = Create("queued");
+  QueueOutcomes outcomes;
+  std::unique_ptr<IoQueue> queue;
+  ASSERT_TRUE(fs_->new_io_queue(IoQueueOptions{4, outcomes.Callback()}, &queue).ok());
+  // The target's own queue does the I/O: the io_uring one keeps it in its ring.
+  EXPECT_EQ(queue->name(),
+            GetParam() == "posix" ? "fault_injection(thread_pool)" : "fault_injection(io_uring)");
+  const uint64_t before = fs_->operation_count();
+  fs_->fail_at(2, ENOSPC);
+  const std::string chunks[] = {"aaaa", "bbbb", "cccc"};
+  for (uint64_t i = 0; i < 3; ++i) {
+    queue->submit_write(WriteOp{file.get(), i * 4, chunks[i].data(), 4}, 10 + i);
+  }
+  queue->drain();
+  EXPECT_EQ(fs_->operation_count(), before + 3);
+  EXPECT_EQ(fs_->injected_count(), 1u);
+  const auto got = outcomes.get();
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_TRUE(got.at(10).ok()) << got.at(10).message();
+  EXPECT_TRUE(got.at(12).ok()) << got.at(12).message();
+  EXPECT_EQ(got.at(11).error_number(), ENOSPC);
+  EXPECT_EQ(got.at(11).message(), "write " + Path("queued") + " at offset 4: " +
+                                      std::strerror(ENOSPC) + " (injected fault)");
+  // The hit request wrote nothing: its bytes are a hole.
+  std::string back(12, '.');
+  ASSERT_TRUE(file->read_at(0, back.data(), 12).ok());
+  EXPECT_EQ(back, std::string("aaaa") + std::string(4, '\0') + "cccc");
+}
+
+TEST_P(FaultInjectionFileSystemTest, AQueuedShortTransferMovesItsFirstHalfThenFails) {
+  auto file = Create("half");
+  QueueOutcomes outcomes;
+  std::unique_ptr<IoQueue> queue;
+  ASSERT_TRUE(fs_->new_io_queue(IoQueueOptions{2, outcomes.Callback()}, &queue).ok());
+  fs_->fail_at(1, ENOSPC, FaultMode::kShortTransfer);
+  queue->submit_write(WriteOp{file.get(), 0, "0123456789", 10}, 1);
+  queue->drain();
+  EXPECT_EQ(outcomes.get().at(1).message(), "write " + Path("half") +
+                                                " at offset 0: " + std::strerror(ENOSPC) +
+                                                " (injected fault after 5 of 10 bytes)");
+  EXPECT_EQ(SizeOf("half"), 5u);
+  // Reads too: the first half lands in the buffer, the rest stays untouched.
+  std::string back(4, '.');
+  fs_->fail_at(1, EIO, FaultMode::kShortTransfer);
+  queue->submit_read(ReadOp{file.get(), 0, back.data(), 4}, 2);
+  queue->drain();
+  EXPECT_EQ(outcomes.get().at(2).error_number(), EIO);
+  EXPECT_EQ(back, "01..");
+}
+
+TEST_P(FaultInjectionFileSystemTest, QueuedReadsMatchRulesAndQueuedWritesAreDroppedByACrash) {
+  auto file = Create("crash");
+  QueueOutcomes outcomes;
+  std::unique_ptr<IoQueue> queue;
+  ASSERT_TRUE(fs_->new_io_queue(IoQueueOptions{2, outcomes.Callback()}, &queue).ok());
+  fs_->fail_ops_matching("crash", EIO, FaultOp::kRead);
+  queue->submit_write(WriteOp{file.get(), 0, "data", 4}, 1);
+  queue->drain();
+  char back[4];
+  queue->submit_read(ReadOp{file.get(), 0, back, 4}, 2);
+  queue->drain();
+  const auto got = outcomes.get();
+  EXPECT_TRUE(got.at(1).ok()) << got.at(1).message();
+  EXPECT_EQ(got.at(2).error_number(), EIO);
+  EXPECT_EQ(SizeOf("crash"), 4u);
+  // The queued write made the file dirty: never synced, a crash removes it.
+  queue.reset();
+  file.reset();
+  ASSERT_TRUE(fs_->drop_unsynced_data().ok());
+  EXPECT_FALSE(Exists("crash"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, FaultInjectionFileSystemTest,
