@@ -637,13 +637,15 @@ class AlignedBuffers {
 struct StreamingCase {
   bool o_direct;
   unsigned queue_depth;
+  bool posix = true;  // false: the default backend, io_uring (and its IoQueue) where it works
 };
 
 class StreamingRestoreTest : public ReaderTest,
                              public ::testing::WithParamInterface<StreamingCase> {
  protected:
   ReaderOptions Options() const {
-    ReaderOptions options = Posix();
+    ReaderOptions options;
+    options.force_posix = GetParam().posix;
     options.use_o_direct = GetParam().o_direct;
     options.queue_depth = GetParam().queue_depth;
     options.read_buffer_bytes = 1 << 20;  // small, so that the budget, not the depth, binds too
@@ -716,7 +718,10 @@ TEST_P(StreamingRestoreTest, ACorruptChunkFailsTheRestoreNamingTensorAndChunk) {
 TEST_P(StreamingRestoreTest, AnEioMidStreamReachesTheCallerNamingFileAndTensor) {
   const std::vector<format::HostTensor> tensors = ManyTensors();
   Write(tensors, 4096, 3);
-  io::FaultInjectionFileSystem faulty(fs_.get());
+  std::string fallback;
+  std::unique_ptr<io::FileSystem> backend =
+      GetParam().posix ? nullptr : io::NewDefaultFileSystem(io::IoOptions{}, &fallback);
+  io::FaultInjectionFileSystem faulty(backend != nullptr ? backend.get() : fs_.get());
   ReaderOptions options = Options();
   options.file_system = &faulty;
   Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir_, options);
@@ -753,10 +758,13 @@ TEST_P(StreamingRestoreTest, ADestinationOfAnotherSizeIsRefusedBeforeReading) {
 
 INSTANTIATE_TEST_SUITE_P(DirectAndDepth, StreamingRestoreTest,
                          ::testing::Values(StreamingCase{true, 1}, StreamingCase{true, 32},
-                                           StreamingCase{false, 1}, StreamingCase{false, 32}),
+                                           StreamingCase{false, 1}, StreamingCase{false, 32},
+                                           StreamingCase{true, 32, false},
+                                           StreamingCase{false, 32, false}),
                          [](const ::testing::TestParamInfo<StreamingCase>& info) {
                            return std::string(info.param.o_direct ? "Direct" : "Buffered") +
-                                  "Depth" + std::to_string(info.param.queue_depth);
+                                  "Depth" + std::to_string(info.param.queue_depth) +
+                                  (info.param.posix ? "" : "DefaultBackend");
                          });
 
 // The state-file functions and OpenLatest read through the file system they are given: a
