@@ -67,6 +67,22 @@ void BM_Unshuffle(benchmark::State& state) {
 }
 BENCHMARK(BM_Unshuffle)->ArgName("elem")->Arg(2)->Arg(4)->Arg(8);
 
+// The two shuffle kernels for 8-byte elements side by side (BM_Shuffle/8 runs the one the CPU
+// picks).
+void BM_Shuffle8Kernel(benchmark::State& state) {
+  const auto kernel = static_cast<ShuffleKernel>(state.range(0));
+  if (!KernelSupported(kernel)) return state.SkipWithError("this CPU lacks the kernel");
+  const std::vector<uint8_t>& src = WeightLikeChunk();
+  std::vector<uint8_t> dst(src.size());
+  for (auto _ : state) {
+    Shuffle8With(kernel, src.data(), src.size() / 8, dst.data());
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * src.size()));
+}
+BENCHMARK(BM_Shuffle8Kernel)->ArgName("avx2")->Arg(0)->Arg(1);
+
 void BM_Checksum(benchmark::State& state) {
   const std::vector<uint8_t>& raw = WeightLikeChunk();
   for (auto _ : state) benchmark::DoNotOptimize(Checksum(raw));

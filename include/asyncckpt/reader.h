@@ -38,8 +38,15 @@ struct TensorInfo {
 struct ReaderOptions {
   /// Use the POSIX backend even where io_uring works (only when file_system is null).
   bool force_posix = false;
-  /// Most reads in flight at once (only when file_system is null).
-  unsigned queue_depth = 64;
+  /// Most reads in flight at once while reading, restoring or verifying (each up to 4 MiB of
+  /// neighbouring chunks); 0 counts as 1.
+  unsigned queue_depth = 32;
+  /// Read the data files with O_DIRECT, bypassing the page cache; where the file system
+  /// refuses it the reader reads buffered, logging one line.
+  bool use_o_direct = true;
+  /// Most bytes of read buffers one read, restore or verify holds (compressed chunks, and raw
+  /// chunks whose destination O_DIRECT cannot reach); a larger single chunk still reads alone.
+  uint64_t read_buffer_bytes = 64ull << 20;
   /// Where the files are read from (borrowed; must outlive the reader). Null: io_uring where a
   /// ring can be set up, else POSIX.
   io::FileSystem* file_system = nullptr;
@@ -65,8 +72,15 @@ struct VerifyReport {
 /// stored byte, docs/format.md). So a tensor's claimed size, the most read_xarray() allocates
 /// for it, is at most 32768 times the stored bytes of its chunks, and all tensors together at
 /// most 32768 times the data files' real sizes. Open() itself allocates at most the index's real
-/// size (at most 1 GiB) plus its parsed form; reads add per-thread scratch of at most one group
-/// of stored bytes (32 MiB, or one chunk's) and one chunk's raw bytes (1 GiB at most).
+/// size (at most 1 GiB) plus its parsed form; reads add read
+/// buffers of at most options.read_buffer_bytes (or one chunk's stored bytes, when larger) per
+/// call, and per-thread scratch of one chunk's raw bytes (1 GiB at most).
+///
+/// Reads stream: the chunks a call needs are planned as reads of up to 4 MiB of neighbouring
+/// chunks per data file, up to options.queue_depth of them are in flight through the file
+/// system's IoQueue, and each is decoded and checksummed (in parallel) as soon as it arrives,
+/// while later ones are still being read. Raw chunks land straight in the destination when
+/// O_DIRECT allows it (4096-aligned destination), else they are copied from a read buffer.
 ///
 /// No exception crosses this API: a failed allocation is ResourceExhausted naming the tensor
 /// (or the index) and the bytes it needed, anything else thrown inside is Internal.

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "src/cli/commands.h"
+#include "src/cli/restore_bench.h"
 
 namespace {
 
@@ -14,6 +15,7 @@ constexpr char kUsage[] =
     "  inspect PATH      list a checkpoint's tensors, dtypes, shapes, chunks and codecs\n"
     "  verify PATH       check every chunk of a checkpoint (exit 0 only when all is sound)\n"
     "  latest DIR        print the latest checkpoint named by DIR/checkpoint\n"
+    "  restore-bench PATH  restore every tensor into memory and report the read throughput\n"
     "\n"
     "`asyncckpt COMMAND --help` describes a command's flags.\n"
     "\n"
@@ -35,6 +37,7 @@ int main(int argc, char** argv) {
   if (command == "inspect") run = InspectCommand;
   if (command == "verify") run = VerifyCommand;
   if (command == "latest") run = LatestCommand;
+  if (command == "restore-bench") run = RestoreBenchCommand;
   if (run == nullptr) {
     std::fprintf(stderr, "asyncckpt: unknown command '%s' (try asyncckpt --help)\n",
                  command.c_str());

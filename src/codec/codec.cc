@@ -11,6 +11,10 @@
 
 #include "src/util/byte_buffer.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace asyncckpt::codec {
 
 // The build's default -O2 keeps GCC's "very cheap" vectoriser model, which refuses the
@@ -54,6 +58,85 @@ ASYNCCKPT_VECTORIZE void UnshuffleFixed(const uint8_t* __restrict src, size_t co
     for (size_t k = 0; k < E; ++k) dst[i * E + k] = src[k * count + i];
   }
 }
+
+// ---- AVX2 kernels for 8-byte elements ----------------------------------------------------------
+// 32 elements (256 bytes, eight registers) per step: within each 128-bit lane (two elements)
+// pair up byte k of both elements (a 16-bit word per k); an 8x8 transpose of those words, lane
+// by lane, gathers word k of every pair in register k: 32 bytes of stream k. Built with a target
+// attribute and chosen at run time, so the build needs no -mavx2. Only the shuffle has one: the
+// same steps backwards ran at 11 GiB/s where GCC's vectorised scalar unshuffle runs at 28
+// (codec_bench, 4 MiB chunks), so Unshuffle keeps the scalar kernel.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define ASYNCCKPT_HAVE_AVX2_KERNELS 1
+#define ASYNCCKPT_AVX2 __attribute__((target("avx2")))
+
+ASYNCCKPT_AVX2 inline void TransposeWords8x8(__m256i r[8]) {
+  __m256i a[8], b[8];
+  for (int i = 0; i < 4; ++i) {
+    a[2 * i] = _mm256_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm256_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {  // rows 0-3, then rows 4-7
+    const int o = 4 * h;
+    b[o + 0] = _mm256_unpacklo_epi32(a[o + 0], a[o + 2]);
+    b[o + 1] = _mm256_unpackhi_epi32(a[o + 0], a[o + 2]);
+    b[o + 2] = _mm256_unpacklo_epi32(a[o + 1], a[o + 3]);
+    b[o + 3] = _mm256_unpackhi_epi32(a[o + 1], a[o + 3]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[2 * i] = _mm256_unpacklo_epi64(b[i], b[i + 4]);
+    r[2 * i + 1] = _mm256_unpackhi_epi64(b[i], b[i + 4]);
+  }
+}
+
+// Elements per block: the eight streams are written 256 bytes at a time from a block buffer in
+// L1, rather than 32 bytes at a time at eight addresses 4 KiB-aliased to each other.
+constexpr size_t kAvx2Block = 256;
+
+// Register k takes elements 2k, 2k+1 in its low lane and 16+2k, 17+2k in its high lane, so
+// that after the transpose register k holds byte k of elements 0-15 (low) and 16-31 (high), in
+// order: 32 port-5 shuffles per 256 bytes, no cross-lane fix-up.
+ASYNCCKPT_AVX2 inline void ShuffleStep(const uint8_t* src, uint8_t* out, size_t out_stride) {
+  const __m256i pair_bytes = _mm256_setr_epi8(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15,
+                                              0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+  __m256i r[8];
+  for (int k = 0; k < 8; ++k) {
+    const auto* low = reinterpret_cast<const __m128i*>(src + static_cast<size_t>(k) * 16);
+    const auto* high = reinterpret_cast<const __m128i*>(src + 128 + static_cast<size_t>(k) * 16);
+    r[k] = _mm256_shuffle_epi8(_mm256_loadu2_m128i(high, low), pair_bytes);
+  }
+  TransposeWords8x8(r);
+  for (int k = 0; k < 8; ++k) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + static_cast<size_t>(k) * out_stride),
+                        r[k]);
+  }
+}
+
+ASYNCCKPT_AVX2 void Shuffle8Avx2(const uint8_t* src, size_t count, uint8_t* dst) {
+  alignas(32) uint8_t block[8 * kAvx2Block];
+  const size_t blocked = count / kAvx2Block * kAvx2Block;
+  for (size_t start = 0; start < blocked; start += kAvx2Block) {
+    for (size_t j = 0; j < kAvx2Block; j += 32) {
+      ShuffleStep(src + (start + j) * 8, block + j, kAvx2Block);
+    }
+    for (size_t k = 0; k < 8; ++k) {
+      std::memcpy(dst + k * count + start, block + k * kAvx2Block, kAvx2Block);
+    }
+  }
+  const size_t vectorised = count / 32 * 32;
+  for (size_t j = blocked; j < vectorised; j += 32) ShuffleStep(src + j * 8, dst + j, count);
+  for (size_t i = vectorised; i < count; ++i) {
+    for (size_t k = 0; k < 8; ++k) dst[k * count + i] = src[i * 8 + k];
+  }
+}
+
+bool CpuHasAvx2() {
+  static const bool has = __builtin_cpu_supports("avx2");
+  return has;
+}
+#else
+bool CpuHasAvx2() { return false; }
+#endif
 
 void ShuffleGeneric(const uint8_t* src, size_t count, size_t elem, uint8_t* dst) {
   for (size_t k = 0; k < elem; ++k) {
@@ -113,6 +196,18 @@ uint64_t Checksum(std::span<const uint8_t> bytes) {
   return XXH3_64bits(bytes.data(), bytes.size());
 }
 
+bool KernelSupported(ShuffleKernel kernel) {
+  return kernel == ShuffleKernel::kScalar || CpuHasAvx2();
+}
+
+void Shuffle8With(ShuffleKernel kernel, const uint8_t* src, size_t count, uint8_t* dst) {
+#ifdef ASYNCCKPT_HAVE_AVX2_KERNELS
+  if (kernel == ShuffleKernel::kAvx2 && CpuHasAvx2()) return Shuffle8Avx2(src, count, dst);
+#endif
+  (void)kernel;
+  Shuffle8(src, count, dst);
+}
+
 void Shuffle(const uint8_t* src, size_t n, size_t elem_size, uint8_t* dst) {
   if (elem_size <= 1 || n < elem_size) {
     if (n > 0) std::memcpy(dst, src, n);
@@ -127,7 +222,7 @@ void Shuffle(const uint8_t* src, size_t n, size_t elem_size, uint8_t* dst) {
       ShuffleFixed<4>(src, count, dst);
       break;
     case 8:
-      Shuffle8(src, count, dst);
+      Shuffle8With(CpuHasAvx2() ? ShuffleKernel::kAvx2 : ShuffleKernel::kScalar, src, count, dst);
       break;
     default:
       ShuffleGeneric(src, count, elem_size, dst);

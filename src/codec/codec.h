@@ -44,6 +44,19 @@ void Shuffle(const uint8_t* src, size_t n, size_t elem_size, uint8_t* dst);
 /// The inverse of Shuffle with the same n and elem_size. `dst` must not overlap `src`.
 void Unshuffle(const uint8_t* src, size_t n, size_t elem_size, uint8_t* dst);
 
+/// The kernels Shuffle chooses between for 8-byte elements (tests and benchmarks compare them;
+/// the library picks kAvx2 where the CPU has AVX2). Unshuffle's scalar kernel is already fast.
+enum class ShuffleKernel {
+  /// Portable C++, auto-vectorised by the compiler.
+  kScalar,
+  /// AVX2 byte shuffles and an 8x8 word transpose, 32 elements a step.
+  kAvx2,
+};
+/// True when this CPU can run `kernel` (kScalar always).
+bool KernelSupported(ShuffleKernel kernel);
+/// Shuffle of `count` whole 8-byte elements with `kernel` (kScalar where the CPU lacks it).
+void Shuffle8With(ShuffleKernel kernel, const uint8_t* src, size_t count, uint8_t* dst);
+
 /// The state behind a Scratch (defined in codec.cc).
 struct ScratchState;
 

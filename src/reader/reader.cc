@@ -1,7 +1,6 @@
 #include "asyncckpt/reader.h"
 
 #include <oneapi/tbb/enumerable_thread_specific.h>
-#include <oneapi/tbb/parallel_for.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -19,6 +18,8 @@
 #include "asyncckpt/state.h"
 #include "src/codec/codec.h"
 #include "src/format/format.h"
+#include "src/reader/read_plan.h"
+#include "src/reader/streaming_read.h"
 #include "src/util/byte_buffer.h"
 #include "src/util/io_status.h"
 #include "src/util/log.h"
@@ -30,23 +31,10 @@ namespace {
 using format::ChunkEntry;
 using format::TensorEntry;
 
-// Chunks read by one read_batch call and decoded by one task: enough to keep the queue busy,
-// bounded in memory for the compressed bytes gathered in the task's scratch.
-constexpr size_t kGroupChunks = 8;
-constexpr uint64_t kGroupStoredBytes = 32ull << 20;
-
-// Per-thread working memory for reads.
+// Per-thread working memory for decoding.
 struct ThreadScratch {
   codec::Scratch codec;
-  ByteBuffer stored;   // stored bytes of a group's chunks
   ByteBuffer decoded;  // verify(): decoded bytes of one chunk
-};
-
-// A run of consecutive chunks of one tensor, read and decoded together.
-struct ChunkGroup {
-  size_t tensor = 0;  // index into Index::tensors
-  size_t begin = 0;
-  size_t end = 0;
 };
 
 // A chunk that failed, with its position for ordering the report.
@@ -56,22 +44,8 @@ struct ChunkFailure {
   Status status;
 };
 
-std::vector<ChunkGroup> GroupChunks(size_t tensor_index, const TensorEntry& tensor) {
-  std::vector<ChunkGroup> groups;
-  size_t begin = 0;
-  uint64_t stored = 0;
-  for (size_t i = 0; i < tensor.chunks.size(); ++i) {
-    const bool full =
-        i - begin == kGroupChunks || stored + tensor.chunks[i].stored_bytes > kGroupStoredBytes;
-    if (i > begin && full) {
-      groups.push_back({tensor_index, begin, i});
-      begin = i;
-      stored = 0;
-    }
-    stored += tensor.chunks[i].stored_bytes;
-  }
-  if (begin < tensor.chunks.size()) groups.push_back({tensor_index, begin, tensor.chunks.size()});
-  return groups;
+bool ByPosition(const ChunkFailure& a, const ChunkFailure& b) {
+  return std::tie(a.tensor, a.chunk) < std::tie(b.tensor, b.chunk);
 }
 
 std::string Quote(const std::string& name) { return "'" + name + "'"; }
@@ -85,6 +59,11 @@ std::string DescribeShape(const std::vector<int64_t>& shape) {
 void LogFallbackOnce(const std::string& reason) {
   static std::once_flag once;
   if (!reason.empty()) std::call_once(once, [&] { LogLine("checkpoint reader: " + reason); });
+}
+
+void LogDirectFallbackOnce(const std::string& reason) {
+  static std::once_flag once;
+  std::call_once(once, [&] { LogLine("checkpoint reader: " + reason); });
 }
 
 // "N bytes (X.Y GiB)" for a message about memory.
@@ -139,7 +118,7 @@ class CheckpointReaderImpl final : public CheckpointReader {
       fs = owned_fs.get();
     }
     std::unique_ptr<CheckpointReaderImpl> reader(
-        new CheckpointReaderImpl(path, std::move(owned_fs), fs));
+        new CheckpointReaderImpl(path, options, std::move(owned_fs), fs));
     RETURN_IF_ERROR(reader->Load());
     return std::unique_ptr<CheckpointReader>(std::move(reader));
   }
@@ -205,24 +184,19 @@ class CheckpointReaderImpl final : public CheckpointReader {
     if (tensor.bytes > 0 && dst == nullptr) {
       return Status::InvalidArgument("null destination for tensor " + Quote(name));
     }
-    std::vector<ChunkFailure> failures =
-        ProcessGroups(GroupChunks(it->second.entry, tensor), static_cast<uint8_t*>(dst));
+    const reader::TensorRequest request{it->second.entry, static_cast<uint8_t*>(dst)};
+    std::vector<ChunkFailure> failures = Stream({&request, 1});
     if (failures.empty()) return Status::OK();
-    return std::min_element(
-               failures.begin(), failures.end(),
-               [](const ChunkFailure& a, const ChunkFailure& b) { return a.chunk < b.chunk; })
-        ->status;
+    return failures.front().status;
   }
 
   Status Restore(const TensorRegistry& registry) {
     RETURN_IF_ERROR(CheckRegistry(registry));
+    RETURN_IF_ERROR(RestoreHostTensors(registry));
     std::shared_ptr<Device> staging_device;
     PinnedBuffer staging;
     for (const TensorRef& ref : registry.tensors()) {
-      if (ref.device == nullptr || ref.device->kind() == DeviceKind::kHost) {
-        RETURN_IF_ERROR(read(ref.name, ref.data, ref.bytes));
-        continue;
-      }
+      if (ref.device == nullptr || ref.device->kind() == DeviceKind::kHost) continue;
       if (ref.bytes == 0) continue;
       // One pinned buffer, grown to the largest device tensor, serves them all.
       if (staging.size() < ref.bytes || staging_device != ref.device) {
@@ -238,19 +212,38 @@ class CheckpointReaderImpl final : public CheckpointReader {
     return Status::OK();
   }
 
+  // Every host tensor of the registry in one streaming pass, so that their reads overlap.
+  // CheckRegistry has matched every name, dtype and shape, hence every size.
+  Status RestoreHostTensors(const TensorRegistry& registry) {
+    std::vector<reader::TensorRequest> requests;
+    for (const TensorRef& ref : registry.tensors()) {
+      if (ref.device != nullptr && ref.device->kind() != DeviceKind::kHost) continue;
+      const Location& where = by_name_.at(ref.name);
+      if (ref.bytes != index_.tensors[where.entry].bytes) {
+        return Status::InvalidArgument("tensor " + Quote(ref.name) + " in " + path_ + " holds " +
+                                       std::to_string(index_.tensors[where.entry].bytes) +
+                                       " bytes; the registry's buffer has " +
+                                       std::to_string(ref.bytes));
+      }
+      if (ref.bytes > 0 && ref.data == nullptr) {
+        return Status::InvalidArgument("null destination for tensor " + Quote(ref.name));
+      }
+      requests.push_back({where.entry, static_cast<uint8_t*>(ref.data)});
+    }
+    std::vector<ChunkFailure> failures = Stream(requests);
+    if (failures.empty()) return Status::OK();
+    return failures.front().status;
+  }
+
   VerifyReport Verify() {
-    std::vector<ChunkGroup> groups;
+    std::vector<reader::TensorRequest> requests;
     VerifyReport report;
     for (size_t t = 0; t < index_.tensors.size(); ++t) {
-      std::vector<ChunkGroup> more = GroupChunks(t, index_.tensors[t]);
-      groups.insert(groups.end(), more.begin(), more.end());
+      requests.push_back({t, nullptr});
       report.chunks_checked += index_.tensors[t].chunks.size();
       report.bytes_checked += index_.tensors[t].bytes;
     }
-    std::vector<ChunkFailure> failures = ProcessGroups(groups, nullptr);
-    std::sort(failures.begin(), failures.end(), [](const ChunkFailure& a, const ChunkFailure& b) {
-      return std::tie(a.tensor, a.chunk) < std::tie(b.tensor, b.chunk);
-    });
+    std::vector<ChunkFailure> failures = Stream(requests);
     for (const ChunkFailure& failure : failures) {
       report.problems.push_back(failure.status.ToString());
     }
@@ -262,9 +255,9 @@ class CheckpointReaderImpl final : public CheckpointReader {
     size_t entry = 0;  // index into index_.tensors
   };
 
-  CheckpointReaderImpl(std::string path, std::unique_ptr<io::FileSystem> owned_fs,
-                       io::FileSystem* fs)
-      : path_(std::move(path)), owned_fs_(std::move(owned_fs)), fs_(fs) {}
+  CheckpointReaderImpl(std::string path, const ReaderOptions& options,
+                       std::unique_ptr<io::FileSystem> owned_fs, io::FileSystem* fs)
+      : path_(std::move(path)), options_(options), owned_fs_(std::move(owned_fs)), fs_(fs) {}
 
   Status Load() {
     bool exists = false, is_dir = false;
@@ -275,6 +268,8 @@ class CheckpointReaderImpl final : public CheckpointReader {
     std::vector<uint64_t> sizes;
     RETURN_IF_ERROR(OpenDataFiles(&sizes));
     RETURN_IF_ERROR(format::CheckChunkLocations(index_, index_path_, sizes));
+    file_sizes_ = std::move(sizes);
+    if (options_.use_o_direct) OpenDirectHandles();
     BuildInfos();
     return Status::OK();
   }
@@ -337,6 +332,26 @@ class CheckpointReaderImpl final : public CheckpointReader {
     return Status::OK();
   }
 
+  // A second, O_DIRECT handle per data file, so that restores bypass the page cache. Where the
+  // file system refuses (tmpfs, some wrappers), reads stay buffered: slower, never wrong.
+  void OpenDirectHandles() {
+    std::string refused;
+    for (const auto& file : files_) {
+      std::unique_ptr<io::File> direct;
+      io::OpenOptions open_options;
+      open_options.direct = true;
+      io::IoStatus opened = fs_->open(file->path(), open_options, &direct);
+      if (!opened.ok() || direct == nullptr || !direct->is_direct()) {
+        if (refused.empty()) refused = opened.ok() ? file->path() : opened.message();
+        direct.reset();
+      }
+      direct_files_.push_back(std::move(direct));
+    }
+    if (!refused.empty()) {
+      LogDirectFallbackOnce("O_DIRECT refused (" + refused + "); reading through the page cache");
+    }
+  }
+
   void BuildInfos() {
     std::vector<size_t> order(index_.tensors.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -383,111 +398,83 @@ class CheckpointReaderImpl final : public CheckpointReader {
            std::to_string(c.file_offset) + ", " + std::string(codec::CodecName(c.codec)) + ")";
   }
 
-  // Reads and decodes every group in parallel; decoded bytes go to dst (one tensor) when it is
-  // given, else to scratch (verify). Returns every failed chunk.
-  std::vector<ChunkFailure> ProcessGroups(const std::vector<ChunkGroup>& groups, uint8_t* dst) {
-    std::vector<std::vector<ChunkFailure>> per_group(groups.size());
-    for (size_t g = 0; g < groups.size(); ++g) {
-      per_group[g].reserve(groups[g].end - groups[g].begin + 1);
+  // Reads every chunk of `requests` through the streaming plan, decoding each into its
+  // destination (or into scratch, for verify) as it arrives. Returns every failed chunk.
+  std::vector<ChunkFailure> Stream(std::span<const reader::TensorRequest> requests) {
+    std::vector<reader::DataFileHandles> handles;
+    reader::PlanOptions plan_options;
+    for (size_t i = 0; i < files_.size(); ++i) {
+      io::File* direct = i < direct_files_.size() ? direct_files_[i].get() : nullptr;
+      handles.push_back({files_[i].get(), direct});
+      plan_options.direct.push_back(direct != nullptr);
     }
-    auto process = [&](size_t g) { ProcessGroup(groups[g], dst, scratch_.local(), &per_group[g]); };
-    try {
-      tbb::parallel_for(size_t{0}, groups.size(), process);
-    } catch (...) {
-      // ProcessGroup reports its own failures; this is oneTBB itself failing (e.g. to start a
-      // task): report it once rather than let it cross the API.
-      per_group.push_back({ChunkFailure{
-          0, 0, StatusOfCurrentException([&] { return "reading chunks of " + path_; })}});
-    }
+    plan_options.file_sizes = file_sizes_;
+    const std::vector<reader::Extent> plan = reader::PlanReads(index_, requests, plan_options);
+
+    std::mutex failures_mu;
     std::vector<ChunkFailure> failures;
-    for (auto& list : per_group) {
-      for (auto& failure : list) failures.push_back(std::move(failure));
-    }
+    auto failed = [&](const reader::PlannedChunk& p, const Status& status) {
+      Status described = status.WithContext(DescribeChunk(index_.tensors[p.tensor], p.chunk));
+      std::lock_guard lock(failures_mu);
+      failures.push_back({p.tensor, p.chunk, std::move(described)});
+    };
+    auto record = [&](const reader::PlannedChunk& p, const Status& status) noexcept {
+      try {
+        failed(p, status);
+      } catch (...) {
+        // No memory to describe it: the bare status still names the failure.
+        try {
+          std::lock_guard lock(failures_mu);
+          failures.push_back({p.tensor, p.chunk, status});
+        } catch (...) {
+        }
+      }
+    };
+    auto sink = [&](const reader::PlannedChunk& p, std::span<uint8_t> stored) noexcept {
+      Status status = DecodeChunk(p, stored);
+      if (!status.ok()) record(p, status);
+    };
+    auto chunk_bytes = [&](const reader::PlannedChunk& p) {
+      return index_.tensors[p.tensor].chunks[p.chunk].stored_bytes;
+    };
+    reader::StreamOptions stream_options;
+    stream_options.queue_depth = std::max(options_.queue_depth, 1u);
+    stream_options.buffer_bytes = options_.read_buffer_bytes;
+    reader::RunReadPlan(*fs_, handles, plan, chunk_bytes, stream_options, sink, record);
+    std::sort(failures.begin(), failures.end(), ByPosition);
     return failures;
   }
 
-  // Reads and decodes one group; a failed allocation (of scratch memory for its stored or
-  // decoded bytes) fails the chunk it was for, named with the bytes it needed.
-  void ProcessGroup(const ChunkGroup& group, uint8_t* dst, ThreadScratch& scratch,
-                    std::vector<ChunkFailure>* failures) noexcept {
-    const TensorEntry& tensor = index_.tensors[group.tensor];
-    size_t chunk = group.begin;
-    uint64_t allocating = 0;
+  // Decodes and checksums one chunk's stored bytes into its destination, or into this thread's
+  // scratch when it has none. A failed allocation fails the chunk, naming the bytes it needed.
+  Status DecodeChunk(const reader::PlannedChunk& p, std::span<uint8_t> stored) noexcept {
+    const TensorEntry& tensor = index_.tensors[p.tensor];
+    const ChunkEntry& c = tensor.chunks[p.chunk];
     try {
-      ReadAndDecodeGroup(group, dst, scratch, failures, &chunk, &allocating);
+      ThreadScratch& scratch = scratch_.local();
+      uint8_t* out = p.destination;
+      if (out == nullptr) {
+        out = c.codec == codec::Codec::kRaw ? stored.data() : scratch.decoded.reserve(c.raw_bytes);
+      }
+      return codec::Decode(c.codec, stored, DTypeSize(tensor.dtype), c.xxh3,
+                           std::span<uint8_t>(out, c.raw_bytes), scratch.codec);
     } catch (...) {
-      Status status = StatusOfCurrentException([&] {
+      return StatusOfCurrentException([&] {
         return "reading tensor " + Quote(tensor.name) + " (" + DescribeBytes(tensor.bytes) +
-               ") chunk " + std::to_string(chunk) + " from " + path_ + "; the step needed " +
-               DescribeBytes(allocating) + " of scratch memory";
+               ") chunk " + std::to_string(p.chunk) + " from " + path_ + "; the step needed " +
+               DescribeBytes(c.raw_bytes) + " of scratch memory";
       });
-      // Cannot throw: ProcessGroups reserved room for a failure per chunk and one more.
-      failures->push_back({group.tensor, chunk, std::move(status)});
     }
-  }
-
-  // *chunk and *allocating say what the group is doing, for ProcessGroup's report.
-  void ReadAndDecodeGroup(const ChunkGroup& group, uint8_t* dst, ThreadScratch& scratch,
-                          std::vector<ChunkFailure>* failures, size_t* chunk,
-                          uint64_t* allocating) {
-    const TensorEntry& tensor = index_.tensors[group.tensor];
-    // Where each chunk's stored bytes land: raw chunks read straight into dst, the others into
-    // this thread's scratch.
-    uint64_t gathered = 0;
-    for (size_t i = group.begin; i < group.end; ++i) {
-      if (!ReadsInPlace(tensor.chunks[i], dst)) gathered += tensor.chunks[i].stored_bytes;
-    }
-    *allocating = gathered;
-    uint8_t* stored = scratch.stored.reserve(gathered);
-    std::vector<io::ReadOp> ops;
-    std::vector<uint8_t*> targets;
-    uint64_t at = 0;
-    for (size_t i = group.begin; i < group.end; ++i) {
-      const ChunkEntry& c = tensor.chunks[i];
-      uint8_t* target = ReadsInPlace(c, dst) ? dst + c.tensor_offset : stored + at;
-      if (!ReadsInPlace(c, dst)) at += c.stored_bytes;
-      targets.push_back(target);
-      ops.push_back(io::ReadOp{files_[c.file_index].get(), c.file_offset, target, c.stored_bytes});
-    }
-    std::vector<bool> read_ok(ops.size(), true);
-    if (!fs_->read_batch(ops).ok()) {
-      // The batch reports only its first failure; read each chunk alone to name every one.
-      for (size_t k = 0; k < ops.size(); ++k) {
-        *chunk = group.begin + k;
-        io::IoStatus status = fs_->read_batch(std::span<const io::ReadOp>(&ops[k], 1));
-        if (status.ok()) continue;
-        read_ok[k] = false;
-        failures->push_back({group.tensor, group.begin + k,
-                             ToStatus(status).WithContext(DescribeChunk(tensor, group.begin + k))});
-      }
-    }
-    const size_t elem = DTypeSize(tensor.dtype);
-    for (size_t k = 0; k < ops.size(); ++k) {
-      if (!read_ok[k]) continue;
-      const size_t i = group.begin + k;
-      const ChunkEntry& c = tensor.chunks[i];
-      *chunk = i;
-      *allocating = c.raw_bytes;  // the decoded bytes (verify) or the unshuffled ones (codec)
-      uint8_t* out = dst != nullptr ? dst + c.tensor_offset : scratch.decoded.reserve(c.raw_bytes);
-      if (dst == nullptr && c.codec == codec::Codec::kRaw) out = targets[k];  // checksum in place
-      Status status =
-          codec::Decode(c.codec, std::span<const uint8_t>(targets[k], c.stored_bytes), elem, c.xxh3,
-                        std::span<uint8_t>(out, c.raw_bytes), scratch.codec);
-      if (!status.ok()) {
-        failures->push_back({group.tensor, i, status.WithContext(DescribeChunk(tensor, i))});
-      }
-    }
-  }
-
-  static bool ReadsInPlace(const ChunkEntry& chunk, const uint8_t* dst) {
-    return dst != nullptr && chunk.codec == codec::Codec::kRaw;
   }
 
   std::string path_;
   std::string index_path_;
+  ReaderOptions options_;
   std::unique_ptr<io::FileSystem> owned_fs_;  // the default backend when none was given
   io::FileSystem* fs_;
-  std::vector<std::unique_ptr<io::File>> files_;  // one per data file
+  std::vector<std::unique_ptr<io::File>> files_;         // one per data file, buffered
+  std::vector<std::unique_ptr<io::File>> direct_files_;  // O_DIRECT ones, null where refused
+  std::vector<uint64_t> file_sizes_;
   format::Index index_;
   std::vector<TensorInfo> infos_;  // in name order
   std::unordered_map<std::string, Location> by_name_;

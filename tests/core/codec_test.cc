@@ -68,6 +68,22 @@ TEST_F(CodecTest, ShuffleGroupsByteKOfEveryElement) {
   EXPECT_EQ(out, expected);
 }
 
+// The AVX2 kernel works 32 elements at a time and finishes the rest with a scalar loop: counts
+// around and between multiples of 32 must agree with the scalar kernel byte for byte.
+TEST_F(CodecTest, Avx2EightByteShuffleMatchesTheScalarKernel) {
+  if (!KernelSupported(ShuffleKernel::kAvx2)) GTEST_SKIP() << "this CPU has no AVX2";
+  for (size_t count : {0, 1, 31, 32, 33, 63, 64, 65, 100, 1000, 4099, 65537}) {
+    const std::vector<uint8_t> in = RandomBytes(count * 8, static_cast<uint32_t>(count + 7));
+    std::vector<uint8_t> scalar(in.size()), avx2(in.size());
+    Shuffle8With(ShuffleKernel::kScalar, in.data(), count, scalar.data());
+    Shuffle8With(ShuffleKernel::kAvx2, in.data(), count, avx2.data());
+    ASSERT_EQ(avx2, scalar) << "shuffle of " << count << " elements";
+    std::vector<uint8_t> back(in.size());
+    Unshuffle(avx2.data(), avx2.size(), 8, back.data());
+    ASSERT_EQ(back, in) << "unshuffle of " << count << " elements";
+  }
+}
+
 TEST_F(CodecTest, ShuffleAndUnshuffleAreInversesForEveryElementSize) {
   for (size_t elem : {1, 2, 3, 4, 5, 8, 16}) {
     for (size_t n : {0, 1, 2, 7, 8, 15, 16, 17, 255, 256, 257, 1000, 4099}) {

@@ -134,7 +134,7 @@ class CliTest : public CliFixture {
 // ---- flags -------------------------------------------------------------------------------------
 
 TEST_F(CliTest, UnknownFlagIsOneLineNamingIt) {
-  for (const std::string command : {"train-sim", "inspect", "verify", "latest"}) {
+  for (const std::string command : {"train-sim", "inspect", "verify", "latest", "restore-bench"}) {
     SCOPED_TRACE(command);
     ExpectOneLineError(Run({command, "--no_such_flag", Path("x")}), kUsage, {"--no_such_flag"});
   }
@@ -239,6 +239,9 @@ TEST_F(CliTest, EveryCommandExitsZeroOnSuccessOneOnFailureTwoOnBadUsage) {
       {{"latest", Path("ckpt")}, kOk},
       {{"latest", Path("empty")}, kFailed},
       {{"latest", "--dir", Path("ckpt")}, kUsage},
+      {{"restore-bench", good}, kOk},
+      {{"restore-bench", Path("missing")}, kFailed},
+      {{"restore-bench", good, "--queue_depth", "0"}, kUsage},
       {{"train-sim", "--quiet", "--steps", "2", "--model_bytes", "64KiB", "--tensors", "1",
         "--checkpoint_dir", Path("job")},
        kOk},
@@ -261,7 +264,7 @@ TEST_F(CliTest, EveryCommandExitsZeroOnSuccessOneOnFailureTwoOnBadUsage) {
 TEST_F(CliTest, HelpExitsZeroForEveryCommand) {
   const CliResult top = Run({"--help"});
   EXPECT_EQ(top.exit_code, 0) << top;
-  for (const std::string command : {"train-sim", "inspect", "verify", "latest"}) {
+  for (const std::string command : {"train-sim", "inspect", "verify", "latest", "restore-bench"}) {
     EXPECT_NE(top.out.find(command), std::string::npos) << top;
     const CliResult r = Run({command, "--help"});
     EXPECT_EQ(r.exit_code, 0) << r;
@@ -274,6 +277,65 @@ TEST_F(CliTest, HelpExitsZeroForEveryCommand) {
     EXPECT_NE(train.out.find(flag), std::string::npos) << flag << "\n" << train;
   }
   EXPECT_NE(Run({"inspect", "--help"}).out.find("--json"), std::string::npos);
+}
+
+// ---- restore-bench -----------------------------------------------------------------------------
+
+TEST_F(CliTest, RestoreBenchReportsEveryRepeatAsJson) {
+  ASSERT_NE(WriteCheckpoints(), nullptr);
+  const std::string path = Path("ckpt/model.ckpt-8");
+  auto reader = CheckpointReader::Open(path);
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  uint64_t stored = 0, raw = 0;
+  for (const TensorInfo& t : (*reader)->tensors()) {
+    stored += t.stored_bytes;
+    raw += t.bytes;
+  }
+  for (const std::string o_direct : {"0", "1"}) {
+    const CliResult r = Run({"restore-bench", path, "--json", "--repeat", "3", "--queue_depth", "4",
+                             "--o_direct", o_direct, "--drop_cache"});
+    ASSERT_EQ(r.exit_code, 0) << r;
+    const nlohmann::json report = nlohmann::json::parse(r.out);
+    EXPECT_EQ(report["bytes_stored"].get<uint64_t>(), stored);
+    EXPECT_EQ(report["bytes_raw"].get<uint64_t>(), raw);
+    EXPECT_EQ(report["queue_depth"].get<uint64_t>(), 4u);
+    EXPECT_EQ(report["o_direct"].get<bool>(), o_direct == "1");
+    ASSERT_EQ(report["repeats"].size(), 3u) << r;
+    for (const auto& repeat : report["repeats"]) {
+      EXPECT_GT(repeat["seconds"].get<double>(), 0.0);
+      EXPECT_GT(repeat["read_bytes_per_second"].get<double>(), 0.0);
+      EXPECT_GT(repeat["raw_bytes_per_second"].get<double>(), 0.0);
+      EXPECT_TRUE(repeat.contains("cache_dropped"));
+    }
+  }
+}
+
+TEST_F(CliTest, RestoreBenchPrintsOneLinePerRepeat) {
+  ASSERT_NE(WriteCheckpoints(), nullptr);
+  const CliResult r = Run({"restore-bench", Path("ckpt/model.ckpt-8"), "--repeat", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r;
+  EXPECT_NE(r.out.find("repeat 1:"), std::string::npos) << r;
+  EXPECT_NE(r.out.find("repeat 2:"), std::string::npos) << r;
+  EXPECT_NE(r.out.find("read "), std::string::npos) << r;
+  EXPECT_NE(r.out.find("decoded "), std::string::npos) << r;
+}
+
+TEST_F(CliTest, RestoreBenchNamesTheDamagedChunk) {
+  ASSERT_NE(WriteCheckpoints(), nullptr);
+  const std::string path = CopyCheckpoint("model.ckpt-8", "damaged");
+  const std::string index_bytes = ReadFile(path + "/index");
+  auto index = format::ParseIndex(
+      std::span(reinterpret_cast<const uint8_t*>(index_bytes.data()), index_bytes.size()),
+      path + "/index");
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  const format::TensorEntry& tensor = index->tensors.front();
+  const format::ChunkEntry& chunk = tensor.chunks.at(1);
+  const std::string data = path + "/" + format::DataFileName(chunk.file_index, 2);
+  std::string bytes = ReadFile(data);
+  bytes.at(chunk.file_offset + chunk.stored_bytes / 2) ^= 0x20;
+  testing_support::WriteFile(data, bytes);
+  ExpectOneLineError(Run({"restore-bench", path}), kFailed,
+                     {data, "tensor '" + tensor.name + "' chunk 1"});
 }
 
 // ---- verify ------------------------------------------------------------------------------------

@@ -1,0 +1,59 @@
+#pragma once
+
+// Runs a read plan: keeps up to queue_depth extents in flight through an io::IoQueue, with a
+// bounded amount of bounce-buffer memory, and hands every chunk of each completed extent to a
+// sink while later reads are still in flight. The calling thread submits, and decodes the
+// completed extents together with oneTBB's workers (parallel_for_each), so a caller that is a
+// oneTBB worker itself never waits on tasks it cannot help with.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "asyncckpt/file_system.h"
+#include "asyncckpt/status.h"
+#include "src/reader/read_plan.h"
+
+namespace asyncckpt::reader {
+
+/// The open handles of one data file.
+struct DataFileHandles {
+  /// Opened without O_DIRECT: reads any range (unaligned extents, retries of single chunks).
+  io::File* buffered = nullptr;
+  /// Opened with O_DIRECT, or null when the file system refused it or it was not asked for.
+  io::File* direct = nullptr;
+};
+
+/// How to run a plan.
+struct StreamOptions {
+  /// Most extents read or decoded at once.
+  unsigned queue_depth = 32;
+  /// Most bytes of bounce buffers held at once; an extent larger than this still runs, alone.
+  uint64_t buffer_bytes = 64ull << 20;
+  /// Alignment of bounce buffers (O_DIRECT's).
+  size_t alignment = 4096;
+};
+
+/// Receives the stored bytes of one chunk (in a bounce buffer, or in place at the extent's
+/// target). Called from the submitting thread or a oneTBB worker, concurrently for different
+/// chunks; must not throw.
+using ChunkSink = std::function<void(const PlannedChunk& chunk, std::span<uint8_t> stored)>;
+/// Receives a chunk that could not be read (its read failed, or there was no memory for its
+/// bounce buffer). Same threads and rules as ChunkSink.
+using ChunkFailed = std::function<void(const PlannedChunk& chunk, const Status& status)>;
+
+/// Reads every extent of `plan` from `files` (one entry per data file) and passes each chunk to
+/// `sink` or `failed`, exactly once, before returning. When a read of an extent of several chunks
+/// fails, each of its chunks is read again alone through the buffered handle, so that only the
+/// chunks that really cannot be read are reported. `chunk_bytes(chunk)` is a chunk's stored size.
+/// A queue that cannot be created falls back to reading one extent at a time. Throws only what
+/// oneTBB or an allocation outside the bounce buffers throws; even then every request submitted
+/// has completed before it returns.
+void RunReadPlan(io::FileSystem& fs, std::span<const DataFileHandles> files,
+                 std::span<const Extent> plan,
+                 const std::function<uint64_t(const PlannedChunk&)>& chunk_bytes,
+                 const StreamOptions& options, const ChunkSink& sink, const ChunkFailed& failed);
+
+}  // namespace asyncckpt::reader
