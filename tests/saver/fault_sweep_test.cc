@@ -150,6 +150,7 @@ struct SweepCounts {
   uint64_t faults_injected = 0;
   uint64_t commits = 0;
   uint64_t failures_reported = 0;
+  uint64_t not_reached = 0;  // runs that ended before their fault's operation
 };
 
 // The figures of every sweep this process ran, printed once at its end (the whole sweep when
@@ -377,17 +378,19 @@ TEST_P(FaultSweepTest, EveryFaultedRunCommitsOrReportsAndARestartLeavesNothingOv
   const std::string templ = root_ + "/template";
   ASSERT_NO_FATAL_FAILURE(MakeTemplate(templ));
 
-  // A clean resumed job, counted: the operations to sweep.
-  const std::string clean = root_ + "/clean";
-  fs::copy(templ, clean, fs::copy_options::recursive);
-  uint64_t operations = 0;
-  {
+  // Clean resumed jobs, counted: the operations to sweep. The count can differ by a read
+  // between runs (the first restore of a process has read its data file in one more request),
+  // so the sweep covers the operations that every clean run reached.
+  uint64_t operations = UINT64_MAX;
+  for (const char* name : {"/clean-1", "/clean-2"}) {
+    const std::string clean = root_ + name;
+    fs::copy(templ, clean, fs::copy_options::recursive);
     io::FaultInjectionFileSystem counter(base_.get());
     JobOutcome outcome = RunJob(clean, &counter, 1);
     ASSERT_TRUE(outcome.reported.ok()) << outcome.reported.ToString();
-    operations = counter.operation_count();
+    operations = std::min(operations, counter.operation_count());
+    ASSERT_EQ(CommittedNames(clean), (std::set<std::string>{basename() + "-2"}));
   }
-  ASSERT_EQ(CommittedNames(clean), (std::set<std::string>{basename() + "-2"}));
   ASSERT_GT(operations, 10u);
 
   SweepCounts counts;
@@ -411,7 +414,13 @@ TEST_P(FaultSweepTest, EveryFaultedRunCommitsOrReportsAndARestartLeavesNothingOv
       const JobOutcome outcome = RunJob(dir, &faults, 1);
       ++counts.runs;
       counts.faults_injected += faults.injected_count();
-      ASSERT_GT(faults.injected_count(), 0u) << "the fault at operation " << n << " never hit";
+      // A run may take one read fewer than the clean runs (how the reader's requests split
+      // varies); then the last operations are never reached, and the run must simply commit.
+      if (faults.injected_count() == 0) {
+        ASSERT_LT(faults.operation_count(), n) << "the fault at operation " << n << " never hit";
+        ASSERT_GE(faults.operation_count() + 2, operations) << "a run far shorter than the clean";
+        ++counts.not_reached;
+      }
 
       // Commit or report, and the report reaches the listeners too.
       for (const Status& failure : outcome.listener_failures) {
@@ -469,12 +478,13 @@ TEST_P(FaultSweepTest, EveryFaultedRunCommitsOrReportsAndARestartLeavesNothingOv
   Totals().failures_reported += counts.failures_reported;
   std::printf(
       "fault sweep (%s, %s): %llu operations per job, %llu runs, %llu faults injected, "
-      "%llu commits, %llu failures reported\n",
+      "%llu commits, %llu failures reported, %llu ended before their fault\n",
       HookName(kind_), base_->name().c_str(), static_cast<unsigned long long>(operations),
       static_cast<unsigned long long>(counts.runs),
       static_cast<unsigned long long>(counts.faults_injected),
       static_cast<unsigned long long>(counts.commits),
-      static_cast<unsigned long long>(counts.failures_reported));
+      static_cast<unsigned long long>(counts.failures_reported),
+      static_cast<unsigned long long>(counts.not_reached));
 }
 
 INSTANTIATE_TEST_SUITE_P(HooksAndBackends, FaultSweepTest,
