@@ -12,6 +12,7 @@
 #include "asyncckpt/compression.h"
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/hooks.h"
+#include "asyncckpt/save_stats.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/tensor.h"
 #include "asyncckpt/timer.h"
@@ -74,7 +75,8 @@ struct SaverOptions {
   /// Asynchronous hook: threads that copy a snapshot (the training thread and N - 1 helpers)
   /// and that the background arena may use (at most cores - 1); 0 = the machine's cores.
   unsigned background_threads = 0;
-  /// Most I/O requests in flight per batch.
+  /// Most writes in flight at once while saving (over all data files), and the io_uring batch
+  /// depth.
   unsigned queue_depth = 64;
   /// Asynchronous hook, CUDA state: return from a save as soon as the copies are enqueued
   /// (stream-ordered mode); set the compute stream first with SetCudaComputeStream.
@@ -94,32 +96,6 @@ struct SaverOptions {
 
 /// InvalidArgument naming the first bad field, worded like TensorFlow's messages.
 Status ValidateSaverOptions(const SaverOptions& options);
-
-/// What one save did. Times in seconds.
-struct SaveStats {
-  /// The global step saved.
-  int64_t step = 0;
-  /// The committed checkpoint directory's path; empty when the save failed before its directory
-  /// was committed. Set with a failed status when only the state file update failed afterwards.
-  std::string path;
-  /// OK, or why the save failed; with `path` set, the directory was committed but the state
-  /// file was not updated.
-  Status status;
-  /// Bytes of tensor data.
-  uint64_t bytes_raw = 0;
-  /// Bytes written to data files.
-  uint64_t bytes_stored = 0;
-  /// Chunks written, per codec name ("raw", "zstd", "shuffle+zstd").
-  std::map<std::string, uint64_t> chunks_by_codec;
-  /// zstd level used at the end of the save (the async engine may lower it under load).
-  int final_level = 0;
-  /// True when the engine stored the rest of the save raw because encoding was the bottleneck.
-  bool switched_to_raw = false;
-  /// Time the training thread was blocked by this save.
-  double blocked_seconds = 0;
-  /// From the start of the save until it was durable and committed.
-  double seconds_to_durable = 0;
-};
 
 /// Observes saves (TensorFlow's CheckpointSaverListener). Called on the training thread for the
 /// synchronous hook; for the asynchronous hook after_save comes from the background commit.

@@ -1,30 +1,34 @@
 #pragma once
 
-// The asynchronous engine: a oneTBB flow graph that turns a snapshot in pinned staging memory
-// into a committed checkpoint while training goes on.
+// The asynchronous engine: turns a snapshot of a tensor registry into a committed checkpoint
+// while training goes on. Every saver (the asynchronous hook, the synchronous hook as the
+// engine followed by a wait, Checkpointer, the input pipeline hook) writes through it, so a
+// checkpoint's bytes do not depend on which of them wrote it.
 //
-//   Submit (training thread): plan chunks -> lease staging -> device copies (parallel, on a
-//   high-priority copy arena) -> one message per chunk into the graph
+//   Submit (caller's thread): plan chunks -> lease staging -> device copies (the caller and
+//   the copy crew, copy_crew.h) -> one message per chunk into the graph
 //
-//   encode (unlimited) -> sequencer by chunk id -> place (serial: data file + offset)
-//     -> write (io_uring, num_data_files at once; staging released here)
-//     -> save sequencer by save id -> commit (serial: fsync data files, index, rename,
-//        state file, retention) -> on_done (listeners)
+//   graph (graph.h): encode (unlimited) -> sequencer by chunk id -> place (serial:
+//     format::DataFilePlacer; small chunks share packed writes)
+//     -> write (async_node: up to queue_depth writes in flight through an io::IoQueue; staging
+//        released at each completion)
+//     -> sequencer by save id -> commit thread (CommitCheckpoint: fsync data files, index,
+//        rename, state file, retention) -> on_done
 //
-// Several saves (at most max_saves_in_flight) may be in flight at once within the staging
-// budget; they commit in the order
+// Several saves may be in flight at once within the staging budget; they commit in the order
 // they were submitted (step order). A failure at any node is caught there, recorded as that
 // save's status and cancels that save only: its remaining chunks pass through without work,
 // its temporary directory is removed, and on_done reports it.
 
-#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 
 #include "asyncckpt/compression.h"
 #include "asyncckpt/file_system.h"
-#include "asyncckpt/saver_hook.h"
+#include "asyncckpt/save_stats.h"
+#include "asyncckpt/status.h"
 #include "asyncckpt/tensor.h"
 #include "src/state/checkpoint_state.h"
 
@@ -40,6 +44,11 @@ struct EngineOptions {
   uint64_t chunk_bytes = 4ull << 20;
   /// Data files per checkpoint, written concurrently.
   uint32_t num_data_files = 2;
+  /// Most writes in flight at once, over every data file and save.
+  unsigned queue_depth = 64;
+  /// Chunks of fewer stored bytes share packed writes (format::DataFilePlacer); 0 writes every
+  /// chunk on its own.
+  uint64_t pack_threshold_bytes = 128 << 10;
   /// Codec and starting level; the engine lowers the level when encoding is the bottleneck.
   CompressionOptions compression;
   /// Pinned staging budget; 0 means one full snapshot of the registry.
@@ -64,14 +73,36 @@ struct EngineOptions {
   int max_saves_in_flight = 2;
 };
 
-/// The engine options a saver's options give (the fields both have, same meaning).
-EngineOptions EngineOptionsFor(const SaverOptions& saver);
-
 /// Whether Submit took the snapshot.
-enum class SubmitOutcome { kSubmitted, kSkipped };
+enum class SubmitOutcome {
+  /// Copied and handed to the graph: on_done will report it.
+  kSubmitted,
+  /// Not copied (staging busy, or max_saves_in_flight in flight, and skip_if_busy): no on_done
+  /// comes for it.
+  kSkipped,
+};
 
-/// The engine. Submit is called from one thread (the training thread); on_done is called from
-/// the graph's commit node, one save at a time, in submission order.
+/// One save to submit.
+struct SubmitRequest {
+  /// Its step, wall time and user metadata.
+  CheckpointMetadata metadata;
+  /// Return kSkipped without copying when staging cannot take the whole snapshot now or
+  /// max_saves_in_flight saves are in flight (without it, Submit waits for them).
+  bool skip_if_busy = false;
+  /// Runs once the save is certain, before the first copy (may be empty).
+  std::function<void()> before_copy;
+};
+
+/// What Submit did.
+struct SubmitResult {
+  /// Submitted or skipped.
+  SubmitOutcome outcome = SubmitOutcome::kSubmitted;
+  /// Time the caller spent in Submit.
+  double blocked_seconds = 0;
+};
+
+/// The engine. Submit is called from one thread at a time; on_done is called from the commit
+/// thread, one save at a time, in submission order.
 class Engine {
  public:
   /// Called once per submitted save with its final stats (status OK when committed). Should not
@@ -88,15 +119,12 @@ class Engine {
   /// Waits for every save in flight.
   ~Engine();
 
-  /// Snapshots the registry for `metadata.step` and hands it to the graph. Returns once the
-  /// state may be modified again (copies done; in stream-ordered mode, copies enqueued).
-  /// With skip_if_busy, returns kSkipped without copying when staging cannot take the whole
-  /// snapshot now, or when max_saves_in_flight saves are in flight; without it, waits for
-  /// them. `before_copy` (may be empty) runs once the save is certain, before the
-  /// first copy. *blocked_seconds receives the time spent here.
-  Result<SubmitOutcome> Submit(const CheckpointMetadata& metadata, bool skip_if_busy,
-                               const std::function<void()>& before_copy, double* blocked_seconds);
-  /// Blocks until every submitted save is committed or failed.
+  /// Snapshots the registry for `request.metadata.step` and hands it to the graph. Returns once
+  /// the state may be modified again (copies done; in stream-ordered mode, copies enqueued).
+  /// InvalidArgument (nothing written, no on_done) for tensors or metadata the format cannot
+  /// hold; a failure after that is the save's, reported by on_done.
+  Result<SubmitResult> Submit(const SubmitRequest& request);
+  /// Blocks until every submitted save is committed or failed and its on_done returned.
   void WaitAll();
   /// Saves submitted and not yet done.
   int64_t in_flight() const;
@@ -113,5 +141,9 @@ class Engine {
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+/// The staging an engine with `options` needs for one whole snapshot of `registry` (what
+/// staging_bytes 0 gives).
+uint64_t SnapshotStagingBytes(const TensorRegistry& registry, const EngineOptions& options);
 
 }  // namespace asyncckpt

@@ -241,10 +241,10 @@ class CheckpointInputPipelineHook::Impl {
     RETURN_IF_ERROR(EnsureEngine());
     CheckpointMetadata metadata{
         step, options_.clock(), {{"model_step", std::to_string(step)}, {"kind", "input_pipeline"}}};
-    double blocked = 0;
-    ASSIGN_OR_RETURN(SubmitOutcome outcome, engine_->Submit(metadata, false, {}, &blocked));
-    (void)outcome;  // never skipped: the input's position must not be lost
-    return Status::OK();
+    // Never skipped: the input's position must not be lost.
+    SubmitRequest request;
+    request.metadata = std::move(metadata);
+    return engine_->Submit(request).status();
   }
 
   Status Poll(RunContext* context) {

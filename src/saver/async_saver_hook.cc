@@ -45,20 +45,19 @@ class AsyncCheckpointSaverHook::Impl {
     if (!engine_) return Status::FailedPrecondition("AsyncCheckpointSaverHook: begin() not called");
     schedule_.mark(step);
     CheckpointMetadata metadata{step, options_.clock(), options_.user_metadata};
-    double blocked = 0;
-    ASSIGN_OR_RETURN(SubmitOutcome outcome,
-                     engine_->Submit(
-                         metadata, may_skip && options_.on_busy == OnBusy::kSkip,
-                         [&] {
-                           {
-                             // Runs once the save is certain: on_done comes for it, in this
-                             // order.
-                             std::lock_guard lock(mu_);
-                             heed_answers_.push_back(heed_listeners);
-                           }
-                           for (auto* listener : listeners_) listener->before_save(step);
-                         },
-                         &blocked));
+    SubmitRequest request{.metadata = metadata,
+                          .skip_if_busy = may_skip && options_.on_busy == OnBusy::kSkip,
+                          .before_copy = [&] {
+                            {
+                              // Runs once the save is certain: on_done comes for it, in this
+                              // order.
+                              std::lock_guard lock(mu_);
+                              heed_answers_.push_back(heed_listeners);
+                            }
+                            for (auto* listener : listeners_) listener->before_save(step);
+                          }};
+    ASSIGN_OR_RETURN(const SubmitResult submitted, engine_->Submit(request));
+    const SubmitOutcome outcome = submitted.outcome;
     if (outcome == SubmitOutcome::kSubmitted) schedule_.mark_saved(step);
     std::lock_guard lock(mu_);
     if (outcome == SubmitOutcome::kSkipped) {

@@ -1,6 +1,6 @@
-// Checkpointer: the savers' machinery (SaverStorage, SaveSchedule, the engine or the synchronous
-// writer) driven by explicit calls instead of hook callbacks, with the tensors handed over at
-// every save.
+// Checkpointer: the savers' machinery (SaverStorage, SaveSchedule, the engine, followed by a wait
+// when synchronous) driven by explicit calls instead of hook callbacks, with the tensors handed
+// over at every save.
 
 #include "asyncckpt/checkpointer.h"
 
@@ -19,21 +19,6 @@
 
 namespace asyncckpt {
 namespace {
-
-// The staging an engine needs for one whole snapshot of `registry`, as Engine::Create sizes it
-// when staging_bytes is 0.
-uint64_t SnapshotStagingBytes(const TensorRegistry& registry, const SaverOptions& options) {
-  std::vector<format::HostTensor> tensors;
-  tensors.reserve(registry.size());
-  for (const TensorRef& ref : registry.tensors()) {
-    tensors.push_back(format::HostTensor{ref.name, ref.dtype, ref.shape, nullptr, ref.bytes});
-  }
-  uint64_t total = 0;
-  for (const auto& job : format::PlanChunks(tensors, options.chunk_bytes, options.num_data_files)) {
-    total += StagingPool::RoundUp(job.length);
-  }
-  return total;
-}
 
 // The device whose pinned memory an engine stages through: the first non-host one, else null.
 const Device* StagingDevice(const TensorRegistry& registry) {
@@ -115,7 +100,9 @@ class Checkpointer::Impl {
     RETURN_IF_ERROR(format::ValidateTensors(Describe(registry)).WithContext(name));
     RETURN_IF_ERROR(format::ValidateMetadata(metadata).WithContext(name));
     if (asynchronous_) return SaveAsync(metadata, registry, may_skip);
-    SaveSync(metadata, registry);
+    // Synchronous: the same engine, followed by a wait; blocked until durable.
+    RETURN_IF_ERROR(SaveAsync(metadata, registry, /*may_skip=*/false).status());
+    engine_->WaitAll();
     RETURN_IF_ERROR(StoppedBy());
     return true;
   }
@@ -201,10 +188,11 @@ class Checkpointer::Impl {
                          bool may_skip) {
     RETURN_IF_ERROR(PrepareEngine(registry));
     schedule_.mark(metadata.step);
-    double blocked = 0;
-    ASSIGN_OR_RETURN(SubmitOutcome outcome,
-                     engine_->Submit(metadata, may_skip && options_.on_busy == OnBusy::kSkip,
-                                     nullptr, &blocked));
+    SubmitRequest request;
+    request.metadata = metadata;
+    request.skip_if_busy = may_skip && options_.on_busy == OnBusy::kSkip;
+    ASSIGN_OR_RETURN(const SubmitResult submitted, engine_->Submit(request));
+    const SubmitOutcome outcome = submitted.outcome;
     std::lock_guard lock(mu_);
     // Every lease of a save is taken inside Submit: its high water is known now.
     staging_high_water_ = std::max(staging_high_water_, engine_->staging_high_water());
@@ -223,9 +211,10 @@ class Checkpointer::Impl {
   // in flight) is needed only when staging must be pinned by another device or, sized by the
   // first snapshot (staging_bytes 0), is too small for this one.
   Status PrepareEngine(const TensorRegistry& registry) {
-    const bool fits = engine_ && StagingDevice(registry) == staging_device_ &&
-                      (options_.staging_bytes != 0 ||
-                       SnapshotStagingBytes(registry, options_) <= engine_->staging_budget());
+    const bool fits =
+        engine_ && StagingDevice(registry) == staging_device_ &&
+        (options_.staging_bytes != 0 ||
+         SnapshotStagingBytes(registry, EngineOptionsFor(options_)) <= engine_->staging_budget());
     if (fits) {
       registry_ = registry;
       return Status::OK();
@@ -240,21 +229,10 @@ class Checkpointer::Impl {
     return Status::OK();
   }
 
-  void SaveSync(const CheckpointMetadata& metadata, const TensorRegistry& registry) {
-    schedule_.mark(metadata.step);
-    schedule_.mark_saved(metadata.step);
-    const auto start = std::chrono::steady_clock::now();
-    SaveStats stats;
-    stats.step = metadata.step;
-    stats.final_level = options_.compression.level;
-    stats.status = WriteAndCommit(options_, storage_, registry, metadata, &stats);
-    stats.seconds_to_durable = SecondsSince(start);
-    stats.blocked_seconds = stats.seconds_to_durable;
-    OnDone(stats);
-  }
-
-  // From the engine's commit node (asynchronous) or the caller (synchronous).
-  void OnDone(const SaveStats& stats) {
+  // From the engine's commit thread.
+  void OnDone(SaveStats stats) {
+    // A synchronous save blocks its caller until it is durable.
+    if (!asynchronous_) stats.blocked_seconds = stats.seconds_to_durable;
     std::lock_guard lock(mu_);
     AddToTotals(stats, &totals_);
     if (!stats.status.ok()) unreported_failures_.push_back(stats.status);

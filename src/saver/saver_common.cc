@@ -8,7 +8,6 @@
 #include "asyncckpt/state.h"
 #include "src/codec/codec.h"
 #include "src/format/format.h"
-#include "src/format/writer.h"
 #include "src/util/io_status.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
@@ -255,58 +254,19 @@ Result<std::vector<int64_t>> CommittedCheckpointSteps(const std::string& dir,
   });
 }
 
-namespace {
-
-// Host pointers for every tensor; device tensors are copied into host buffers first.
-Status GatherOnHost(const TensorRegistry& registry, std::vector<format::HostTensor>* tensors,
-                    std::vector<PinnedBuffer>* copies) {
-  for (const TensorRef& ref : registry.tensors()) {
-    const void* data = ref.data;
-    if (ref.device && ref.device->kind() != DeviceKind::kHost && ref.bytes > 0) {
-      ASSIGN_OR_RETURN(PinnedBuffer copy, ref.device->allocate_pinned(ref.bytes));
-      RETURN_IF_ERROR(ref.device->copy_to_host(ref.data, copy.data(), ref.bytes)
-                          .WithContext("copying tensor '" + ref.name + "' to the host"));
-      data = copy.data();
-      copies->push_back(std::move(copy));
-    }
-    tensors->push_back(format::HostTensor{ref.name, ref.dtype, ref.shape, data, ref.bytes});
-  }
-  return Status::OK();
-}
-
-}  // namespace
-
-Status WriteAndCommit(const SaverOptions& options, SaverStorage& storage,
-                      const TensorRegistry& registry, const CheckpointMetadata& metadata,
-                      SaveStats* stats) {
-  const std::string final_name = format::CheckpointDirName(options.basename, metadata.step);
-  const std::string tmp_name = TempDirName(final_name);
-  const std::string tmp_path = options.checkpoint_dir + "/" + tmp_name;
-  io::FileSystem& fs = *storage.fs;
-  Status status = [&]() -> Status {
-    std::vector<format::HostTensor> tensors;
-    std::vector<PinnedBuffer> copies;
-    RETURN_IF_ERROR(GatherOnHost(registry, &tensors, &copies));
-    RETURN_IF_ERROR(ToStatus(fs.create_dir(tmp_path)));
-    format::WriterOptions writer_options;
-    writer_options.chunk_bytes = options.chunk_bytes;
-    writer_options.num_data_files = options.num_data_files;
-    writer_options.compression = options.compression;
-    writer_options.use_o_direct = options.use_o_direct;
-    ASSIGN_OR_RETURN(format::WriteStats written,
-                     format::WriteCheckpointFiles(fs, tmp_path, tensors, metadata, writer_options));
-    stats->bytes_raw = written.bytes_raw;
-    stats->bytes_stored = written.bytes_stored;
-    stats->chunks_by_codec = written.chunks_by_codec;
-    RETURN_IF_ERROR(CommitDirectory(fs, options.checkpoint_dir, tmp_name, final_name));
-    stats->path = options.checkpoint_dir + "/" + final_name;
-    return storage.manager->RecordCommitted(final_name, metadata.wall_time);
-  }();
-  if (!status.ok() && stats->path.empty()) {
-    bool exists = false, is_dir = false;
-    if (fs.stat(tmp_path, &exists, &is_dir).ok() && exists) (void)fs.remove_tree(tmp_path);
-  }
-  return status.WithContext("saving " + final_name);
+EngineOptions EngineOptionsFor(const SaverOptions& saver) {
+  EngineOptions options;
+  options.checkpoint_dir = saver.checkpoint_dir;
+  options.basename = saver.basename;
+  options.chunk_bytes = saver.chunk_bytes;
+  options.num_data_files = saver.num_data_files;
+  options.queue_depth = saver.queue_depth;
+  options.compression = saver.compression;
+  options.staging_bytes = saver.staging_bytes;
+  options.use_o_direct = saver.use_o_direct;
+  options.background_threads = saver.background_threads;
+  options.stream_ordered = saver.cuda_stream_ordered;
+  return options;
 }
 
 bool NotifyAfterSave(const std::vector<CheckpointSaverListener*>& listeners, int64_t step,
@@ -334,10 +294,6 @@ void AddToTotals(const SaveStats& stats, SaverTotals* totals) {
   totals->blocked_seconds_max = std::max(totals->blocked_seconds_max, stats.blocked_seconds);
   totals->saves.push_back(stats);
   while (totals->saves.size() > kSaverTotalsWindow) totals->saves.pop_front();
-}
-
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 }  // namespace asyncckpt

@@ -13,7 +13,9 @@
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/saver_hook.h"
 #include "asyncckpt/timer.h"
+#include "src/engine/engine.h"
 #include "src/state/checkpoint_state.h"
+#include "src/util/elapsed.h"
 
 namespace asyncckpt {
 
@@ -73,14 +75,9 @@ struct SaverStorage {
   void ReleaseLock() { lock.reset(); }
 };
 
-/// Writes and commits the tensors of `registry` as checkpoint `metadata.step` on the calling
-/// thread (the synchronous savers): device tensors are copied to the host first, the files are
-/// written into a temporary directory, committed, and recorded in the state file. Fills the
-/// sizes, codec counts and path of *stats (not its times); a failure before the commit removes
-/// the temporary directory. The failure names the checkpoint ("saving model.ckpt-N: ...").
-Status WriteAndCommit(const SaverOptions& options, SaverStorage& storage,
-                      const TensorRegistry& registry, const CheckpointMetadata& metadata,
-                      SaveStats* stats);
+/// The engine options a saver's options give (the fields both have, same meaning).
+EngineOptions EngineOptionsFor(const SaverOptions& saver);
+
 /// The savers' CheckpointValidator: OK (with the metadata's wall time) when `checkpoint_path`
 /// holds a regular "index" file of at most format::kMaxIndexBytes that decodes, and every chunk
 /// it names lies inside its data files (their sizes, not their bytes, are checked).
@@ -101,8 +98,5 @@ bool NotifyAfterSave(const std::vector<CheckpointSaverListener*>& listeners, int
 /// Adds one finished save to the running totals and to the window of recent saves, dropping the
 /// oldest save beyond kSaverTotalsWindow.
 void AddToTotals(const SaveStats& stats, SaverTotals* totals);
-
-/// Seconds since `start` on the steady clock.
-double SecondsSince(std::chrono::steady_clock::time_point start);
 
 }  // namespace asyncckpt

@@ -1,9 +1,10 @@
-// CheckpointSaverHook: the synchronous saver. Every save runs on the training thread, start to
-// commit; it is the baseline the asynchronous hook is measured against.
+// CheckpointSaverHook: the synchronous saver. Every save is the engine's save followed by a wait,
+// so the training thread is blocked until it is durable; it is the baseline the asynchronous hook
+// is measured against, and writes the same bytes.
 
 #include "asyncckpt/saver_hook.h"
 
-#include <chrono>
+#include <mutex>
 #include <vector>
 
 #include "src/saver/saver_common.h"
@@ -23,23 +24,28 @@ class CheckpointSaverHook::Impl {
 
   Status Begin() {
     ASSIGN_OR_RETURN(totals_.stale_temporaries_removed, storage_.Start(options_));
+    ASSIGN_OR_RETURN(engine_,
+                     Engine::Create(EngineOptionsFor(options_), storage_.fs, storage_.manager.get(),
+                                    registry_, [this](const SaveStats& stats) {
+                                      std::lock_guard lock(done_mu_);
+                                      done_ = stats;
+                                    }));
     for (auto* listener : listeners_) listener->begin();
     return Status::OK();
   }
 
   // Saves `step`; *stop is set when a listener asks the loop to stop.
   Status Save(int64_t step, bool* stop) {
+    if (!engine_) return Status::FailedPrecondition("CheckpointSaverHook: begin() not called");
     schedule_.mark(step);
     schedule_.mark_saved(step);
     for (auto* listener : listeners_) listener->before_save(step);
-    const auto start = std::chrono::steady_clock::now();
-    SaveStats stats;
-    stats.step = step;
-    stats.final_level = options_.compression.level;
-    CheckpointMetadata metadata{step, options_.clock(), options_.user_metadata};
-    stats.status = WriteAndCommit(options_, storage_, *registry_, metadata, &stats);
+    const auto start = SteadyClock::now();
+    SaveStats stats =
+        SaveAndWait(CheckpointMetadata{step, options_.clock(), options_.user_metadata});
     stats.seconds_to_durable = SecondsSince(start);
     stats.blocked_seconds = stats.seconds_to_durable;
+    totals_.staging_high_water_bytes = engine_->staging_high_water();
     AddToTotals(stats, &totals_);
     *stop = NotifyAfterSave(listeners_, step, stats) || *stop;
     return stats.status;
@@ -64,12 +70,32 @@ class CheckpointSaverHook::Impl {
   }
 
  private:
+  // The engine's report of the save, once durable (on_done runs before WaitAll returns).
+  SaveStats SaveAndWait(const CheckpointMetadata& metadata) {
+    SaveStats failed;
+    failed.step = metadata.step;
+    failed.final_level = options_.compression.level;
+    SubmitRequest request;
+    request.metadata = metadata;
+    Result<SubmitResult> submitted = engine_->Submit(request);
+    if (!submitted.ok()) {
+      failed.status = submitted.status();
+      return failed;
+    }
+    engine_->WaitAll();
+    std::lock_guard lock(done_mu_);
+    return done_;
+  }
+
   SaverOptions options_;
   const TensorRegistry* registry_;
   std::vector<CheckpointSaverListener*> listeners_;
   SaveSchedule schedule_;
   SaverStorage storage_;
   SaverTotals totals_;
+  std::mutex done_mu_;
+  SaveStats done_;                  // written by on_done, read after WaitAll
+  std::unique_ptr<Engine> engine_;  // after storage_: destroyed (and waited for) first
 };
 
 Result<std::unique_ptr<CheckpointSaverHook>> CheckpointSaverHook::Create(

@@ -56,7 +56,7 @@ size_t StagingPool::CarveLocked(size_t capacity) {
   return SIZE_MAX;
 }
 
-Result<StagingLease> StagingPool::lease(size_t bytes) {
+Result<StagingLease> StagingPool::lease(size_t bytes, const uint64_t* exempt) {
   const size_t capacity = RoundUp(std::max<size_t>(bytes, 1));
   if (capacity > budget_) {
     return Status::InvalidArgument("a staging lease of " + std::to_string(bytes) +
@@ -66,15 +66,19 @@ Result<StagingLease> StagingPool::lease(size_t bytes) {
   std::unique_lock lock(mu_);
   if (Status status = EnsureRegionLocked(); !status.ok()) return status;
   size_t offset = SIZE_MAX;
-  freed_.wait(lock, [&] { return cancelled_ || (offset = CarveLocked(capacity)) != SIZE_MAX; });
+  freed_.wait(lock, [&] {
+    return cancelled_ || (ChargesLeaveRoomLocked(capacity, exempt) &&
+                          (offset = CarveLocked(capacity)) != SIZE_MAX);
+  });
   if (offset == SIZE_MAX) return Status::Cancelled("the staging pool was shut down");
   return StagingLease(this, static_cast<uint8_t*>(region_.data()) + offset, bytes, capacity);
 }
 
-Result<StagingLease> StagingPool::try_lease(size_t bytes) {
+Result<StagingLease> StagingPool::try_lease(size_t bytes, const uint64_t* exempt) {
   const size_t capacity = RoundUp(std::max<size_t>(bytes, 1));
   std::lock_guard lock(mu_);
   if (capacity > budget_ || cancelled_) return StagingLease();
+  if (!ChargesLeaveRoomLocked(capacity, exempt)) return StagingLease();
   if (Status status = EnsureRegionLocked(); !status.ok()) return status;
   const size_t offset = CarveLocked(capacity);
   if (offset == SIZE_MAX) return StagingLease();
@@ -133,6 +137,39 @@ void StagingPool::Release(uint8_t* data, size_t capacity) {
   free_[offset] = size;
   in_use_ -= capacity;
   freed_.notify_all();
+}
+
+bool StagingPool::ChargesLeaveRoomLocked(size_t capacity, const uint64_t* exempt) const {
+  const uint64_t charged = charged_ - std::min(charged_, exempt != nullptr ? *exempt : 0);
+  return in_use_ + charged + capacity <= budget_;
+}
+
+void StagingPool::charge(uint64_t bytes, uint64_t* open) {
+  std::lock_guard lock(mu_);
+  charged_ += bytes;
+  if (open != nullptr) *open += bytes;
+}
+
+void StagingPool::settle_open(uint64_t bytes, uint64_t* open) {
+  {
+    std::lock_guard lock(mu_);
+    *open -= std::min(*open, bytes);
+  }
+  freed_.notify_all();
+}
+
+void StagingPool::uncharge(uint64_t bytes) {
+  if (bytes == 0) return;
+  {
+    std::lock_guard lock(mu_);
+    charged_ -= std::min(charged_, bytes);
+  }
+  freed_.notify_all();
+}
+
+uint64_t StagingPool::charged() const {
+  std::lock_guard lock(mu_);
+  return charged_;
 }
 
 uint64_t StagingPool::in_use() const {

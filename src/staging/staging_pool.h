@@ -67,9 +67,21 @@ class StagingPool {
 
   /// Blocks until `bytes` are free, then leases them. InvalidArgument when `bytes` exceeds the
   /// whole budget; Unavailable when the region cannot be allocated; Cancelled after cancel().
-  Result<StagingLease> lease(size_t bytes);
+  /// Charges (below) count against the budget as leases do, except the `exempt` ones (read under
+  /// the pool's lock; may be null).
+  Result<StagingLease> lease(size_t bytes, const uint64_t* exempt = nullptr);
   /// Leases `bytes` if they are free now; an empty lease when not.
-  Result<StagingLease> try_lease(size_t bytes);
+  Result<StagingLease> try_lease(size_t bytes, const uint64_t* exempt = nullptr);
+  /// Counts `bytes` against the budget without memory: for copies of staged bytes kept
+  /// elsewhere until written (the engine's packed writes). Never blocks. Adds them to *open
+  /// too when not null.
+  void charge(uint64_t bytes, uint64_t* open = nullptr);
+  /// Takes `bytes` out of *open (they stay charged).
+  void settle_open(uint64_t bytes, uint64_t* open);
+  /// Returns charged bytes, waking whoever waits for room.
+  void uncharge(uint64_t bytes);
+  /// Bytes charged now.
+  uint64_t charged() const;
   /// True when `bytes` could be leased right now.
   bool has_room(size_t bytes) const;
   /// Allocates the region now (if not yet) and touches every page, so the first save pays no
@@ -95,6 +107,7 @@ class StagingPool {
  private:
   friend class StagingLease;
   Status EnsureRegionLocked();
+  bool ChargesLeaveRoomLocked(size_t capacity, const uint64_t* exempt) const;
   // First fit; returns the offset or SIZE_MAX when nothing fits.
   size_t CarveLocked(size_t capacity);
   void Release(uint8_t* data, size_t capacity);
@@ -106,6 +119,7 @@ class StagingPool {
   PinnedBuffer region_;
   std::map<size_t, size_t> free_;  // offset -> bytes, coalesced
   uint64_t in_use_ = 0;
+  uint64_t charged_ = 0;
   uint64_t high_water_ = 0;
   uint64_t allocations_ = 0;
   bool cancelled_ = false;

@@ -26,6 +26,7 @@
 #include "src/format/writer.h"
 #include "src/state/checkpoint_state.h"
 #include "src/util/log.h"
+#include "tests/support/checkpoint_files.h"
 #include "tests/support/files.h"
 
 namespace asyncckpt {
@@ -124,11 +125,12 @@ class ReaderTest : public ::testing::Test {
 
   void Write(const std::vector<format::HostTensor>& tensors, uint64_t chunk_bytes = 1000,
              uint32_t files = 3) {
-    format::WriterOptions options;
+    testing_support::WriterOptions options;
     options.chunk_bytes = chunk_bytes;
     options.num_data_files = files;
     CheckpointMetadata metadata{5, 123.5, {{"model", "test"}}};
-    Result<format::WriteStats> stats = WriteCheckpointFiles(*fs_, dir_, tensors, metadata, options);
+    Result<testing_support::WriteStats> stats =
+        testing_support::WriteCheckpointFiles(*fs_, dir_, tensors, metadata, options);
     ASSERT_TRUE(stats.ok()) << stats.status().ToString();
   }
 
@@ -262,15 +264,15 @@ TEST_F(ReaderTest, AllZeroTensorsInLargeChunksOpenAndRestore) {
     SCOPED_TRACE(static_cast<int>(kind));
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directory(dir_);
-    format::WriterOptions options;
+    testing_support::WriterOptions options;
     options.chunk_bytes = kBytes;
     options.num_data_files = 1;
     options.compression.kind = kind;
     const std::vector<format::HostTensor> tensors = {
         {"adam_m", DType::kF32, {int64_t{kBytes / 4}}, zeros_m.data(), kBytes},
         {"adam_v", DType::kF32, {int64_t{kBytes / 4}}, zeros_v.data(), kBytes}};
-    Result<format::WriteStats> stats =
-        WriteCheckpointFiles(*fs_, dir_, tensors, CheckpointMetadata{0, 1.0, {}}, options);
+    Result<testing_support::WriteStats> stats = testing_support::WriteCheckpointFiles(
+        *fs_, dir_, tensors, CheckpointMetadata{0, 1.0, {}}, options);
     ASSERT_TRUE(stats.ok()) << stats.status().ToString();
     ASSERT_GT(stats->bytes_raw / stats->bytes_stored, 30000u);  // near the bound indeed
     std::unique_ptr<CheckpointReader> reader = OpenOrDie();
@@ -678,13 +680,14 @@ class StreamingRestoreTest : public ReaderTest,
 
 TEST_P(StreamingRestoreTest, RestoresManyChunksAcrossFilesByteForByte) {
   const std::vector<format::HostTensor> tensors = ManyTensors();
-  format::WriterOptions options;
+  testing_support::WriterOptions options;
   options.chunk_bytes = 4096;
   options.num_data_files = 3;
   options.compression.kind = CompressionKind::kShuffleZstd;
   options.use_o_direct = GetParam().o_direct;
-  ASSERT_TRUE(
-      WriteCheckpointFiles(*fs_, dir_, tensors, CheckpointMetadata{5, 1.0, {}}, options).ok());
+  ASSERT_TRUE(testing_support::WriteCheckpointFiles(*fs_, dir_, tensors,
+                                                    CheckpointMetadata{5, 1.0, {}}, options)
+                  .ok());
   Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir_, Options());
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
   AlignedBuffers buffers;

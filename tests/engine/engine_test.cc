@@ -1,10 +1,12 @@
 #include "src/engine/engine.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
@@ -17,9 +19,11 @@
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/reader.h"
 #include "asyncckpt/state.h"
+#include "src/engine/graph.h"
 #include "src/staging/staging_pool.h"
 #include "tests/device/flaky_device.h"
 #include "tests/io/gated_file_system.h"
+#include "tests/io/io_queue_wrapper.h"
 #include "tests/io/throwing_file_system.h"
 
 namespace asyncckpt {
@@ -82,6 +86,132 @@ class NoSyncFileSystem final : public io::FileSystemWrapper {
    private:
     std::unique_ptr<io::File> inner_;
   };
+};
+
+// Holds the writes of its IoQueues until `hold` of them wait, then lets every write through,
+// and records the most writes outstanding (submitted, not yet completed) at once. An engine that
+// cannot keep `hold` writes in flight never gets them through: the test gives up after a long
+// limit (a guard against a hang, not a speed assertion) and fails.
+class InFlightFileSystem final : public io::FileSystemWrapper {
+ public:
+  InFlightFileSystem(io::FileSystem* target, size_t hold)
+      : FileSystemWrapper(target), hold_(hold) {}
+
+  io::IoStatus new_io_queue(const io::IoQueueOptions& options,
+                            std::unique_ptr<io::IoQueue>* queue) override {
+    io::IoQueueOptions counted = options;
+    counted.on_complete = [this, done = options.on_complete](uint64_t tag, io::IoStatus status) {
+      {
+        std::lock_guard lock(mu_);
+        --outstanding_;
+      }
+      done(tag, std::move(status));
+    };
+    std::unique_ptr<io::IoQueue> inner;
+    io::IoStatus status = target()->new_io_queue(counted, &inner);
+    if (status.ok()) *queue = std::make_unique<Queue>(std::move(inner), this);
+    return status;
+  }
+
+  // True once `hold` writes were outstanding at once; opens the gate either way.
+  bool WaitForHeld() {
+    std::unique_lock lock(mu_);
+    const bool held = changed_.wait_for(lock, std::chrono::seconds(60), [&] { return open_; });
+    lock.unlock();
+    Open();
+    return held;
+  }
+  size_t max_outstanding() {
+    std::lock_guard lock(mu_);
+    return max_outstanding_;
+  }
+  size_t submitted() {
+    std::lock_guard lock(mu_);
+    return submitted_;
+  }
+
+ private:
+  struct Held {
+    io::IoQueue* target;
+    io::WriteOp op;
+    uint64_t tag;
+  };
+  class Queue final : public testing_support::IoQueueWrapper {
+   public:
+    Queue(std::unique_ptr<io::IoQueue> target, InFlightFileSystem* owner)
+        : IoQueueWrapper(std::move(target)), owner_(owner) {}
+    void submit_write(const io::WriteOp& op, uint64_t tag) override {
+      bool forward_now = false;
+      {
+        std::lock_guard lock(owner_->mu_);
+        ++owner_->submitted_;
+        owner_->max_outstanding_ = std::max(owner_->max_outstanding_, ++owner_->outstanding_);
+        if (owner_->open_) {
+          forward_now = true;
+        } else {
+          owner_->held_.push_back(Held{target(), op, tag});
+          if (owner_->held_.size() < owner_->hold_) return;
+        }
+      }
+      if (forward_now) {
+        target()->submit_write(op, tag);
+      } else {
+        owner_->Open();
+      }
+    }
+
+   private:
+    InFlightFileSystem* owner_;
+  };
+
+  void Open() {
+    std::vector<Held> held;
+    {
+      std::lock_guard lock(mu_);
+      open_ = true;
+      held.swap(held_);
+      changed_.notify_all();
+    }
+    for (const Held& h : held) h.target->submit_write(h.op, h.tag);
+  }
+
+  const size_t hold_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool open_ = false;
+  size_t outstanding_ = 0;
+  size_t max_outstanding_ = 0;
+  std::vector<Held> held_;
+  size_t submitted_ = 0;
+};
+
+// Records whether a directory fsync or a rename ever ran off the engine's commit thread (on a
+// oneTBB worker, say): the commit's syncs sleep in the kernel, which no worker of the graph may
+// do. (current_thread_index() alone cannot tell: any thread that once touched oneTBB, as the
+// commit thread does to release the graph's wait, reports a slot.)
+class CommitThreadFileSystem final : public io::FileSystemWrapper {
+ public:
+  using FileSystemWrapper::FileSystemWrapper;
+  io::IoStatus sync_dir(const std::string& path) override {
+    Check();
+    return target()->sync_dir(path);
+  }
+  io::IoStatus rename(const std::string& from, const std::string& to) override {
+    Check();
+    return target()->rename(from, to);
+  }
+  int calls() const { return calls_; }
+  int calls_on_workers() const { return on_workers_; }
+
+ private:
+  void Check() {
+    ++calls_;
+    char name[16] = {};
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    if (std::string(name) != kCommitThreadName) ++on_workers_;
+  }
+  std::atomic<int> calls_{0};
+  std::atomic<int> on_workers_{0};
 };
 
 class EngineTest : public ::testing::Test {
@@ -189,11 +319,22 @@ class EngineTest : public ::testing::Test {
   }
 
   Result<SubmitOutcome> Submit(int64_t step, bool skip_if_busy = false) {
-    double blocked = -1;
-    auto outcome = engine_->Submit(CheckpointMetadata{step, 1.7e9 + double(step), {}}, skip_if_busy,
-                                   nullptr, &blocked);
-    EXPECT_GE(blocked, 0);
-    return outcome;
+    SubmitRequest request;
+    request.metadata = CheckpointMetadata{step, 1.7e9 + double(step), {}};
+    request.skip_if_busy = skip_if_busy;
+    Result<SubmitResult> result = engine_->Submit(request);
+    if (!result.ok()) return result.status();
+    EXPECT_GE(result->blocked_seconds, 0);
+    return result->outcome;
+  }
+
+  // A request for `step` that counts its before_copy calls in *calls.
+  static SubmitRequest CountingRequest(int64_t step, bool skip_if_busy, int* calls) {
+    SubmitRequest request;
+    request.metadata = CheckpointMetadata{step, 0, {}};
+    request.skip_if_busy = skip_if_busy;
+    request.before_copy = [calls] { ++*calls; };
+    return request;
   }
 
   std::vector<SaveStats> Done() {
@@ -266,7 +407,8 @@ TEST_F(EngineTest, SeveralSavesStayInFlightWithinTheBudget) {
   gate_ = std::make_unique<GatedFileSystem>(posix_.get());
   EngineOptions options = Options();
   options.staging_bytes = 3 * ChunksPerSave() * kPage;  // three whole snapshots
-  options.max_saves_in_flight = 4;                      // the budget is what limits here
+  options.pack_threshold_bytes = 0;  // every chunk holds its staging until written
+  options.max_saves_in_flight = 4;   // the budget is what limits here
   ASSERT_TRUE(MakeEngine(options, gate_.get()).ok());
   for (int64_t step = 1; step <= 3; ++step) {
     SetState(step);
@@ -301,7 +443,8 @@ TEST_F(EngineTest, NoMoreThanMaxSavesInFlightEvenWithStagingToSpare) {
   gate_ = std::make_unique<GatedFileSystem>(posix_.get());
   EngineOptions options = Options();
   options.staging_bytes = 3 * ChunksPerSave() * kPage;  // three whole snapshots
-  ASSERT_EQ(options.max_saves_in_flight, 2);            // the default
+  options.pack_threshold_bytes = 0;
+  ASSERT_EQ(options.max_saves_in_flight, 2);  // the default
   ASSERT_TRUE(MakeEngine(options, gate_.get()).ok());
   for (int64_t step = 1; step <= 2; ++step) {
     SetState(step);
@@ -340,27 +483,24 @@ TEST_F(EngineTest, SkipIfBusySkipsWithoutCopyingAndSucceedsOnceStagingIsFree) {
   AddTensors();
   gate_ = std::make_unique<GatedFileSystem>(posix_.get());
   EngineOptions options = Options();
-  options.staging_bytes = 0;  // one whole snapshot
+  options.staging_bytes = 0;  // one whole snapshot; packed chunks count until written
   ASSERT_TRUE(MakeEngine(options, gate_.get()).ok());
   SetState(10);
   ASSERT_TRUE(Submit(10).ok());
   gate_->WaitForWaiting(1);
   int before_copy_calls = 0;
-  double blocked = -1;
-  auto skipped = engine_->Submit(
-      CheckpointMetadata{11, 0, {}}, /*skip_if_busy=*/true, [&] { ++before_copy_calls; }, &blocked);
+  auto skipped = engine_->Submit(CountingRequest(11, /*skip_if_busy=*/true, &before_copy_calls));
   ASSERT_TRUE(skipped.ok());
-  EXPECT_EQ(*skipped, SubmitOutcome::kSkipped);
+  EXPECT_EQ(skipped->outcome, SubmitOutcome::kSkipped);
   EXPECT_EQ(before_copy_calls, 0);
-  EXPECT_GE(blocked, 0);
+  EXPECT_GE(skipped->blocked_seconds, 0);
   EXPECT_EQ(engine_->in_flight(), 1);
   gate_->Open();
   engine_->WaitAll();
   SetState(12);
-  auto taken = engine_->Submit(
-      CheckpointMetadata{12, 0, {}}, /*skip_if_busy=*/true, [&] { ++before_copy_calls; }, &blocked);
+  auto taken = engine_->Submit(CountingRequest(12, /*skip_if_busy=*/true, &before_copy_calls));
   ASSERT_TRUE(taken.ok());
-  EXPECT_EQ(*taken, SubmitOutcome::kSubmitted);
+  EXPECT_EQ(taken->outcome, SubmitOutcome::kSubmitted);
   EXPECT_EQ(before_copy_calls, 1);
   engine_->WaitAll();
   auto done = Done();
@@ -429,6 +569,57 @@ TEST_F(EngineTest, ZeroBudgetMeansOneWholeSnapshot) {
   ASSERT_TRUE(Submit(3).ok());
   engine_->WaitAll();
   ExpectHoldsStep(dir_ + "/model.ckpt-3", 3);
+}
+
+TEST_F(EngineTest, TheWriteStageKeepsMoreWritesInFlightThanDataFiles) {
+  AddTensors();
+  InFlightFileSystem counting(posix_.get(), /*hold=*/8);
+  EngineOptions options = Options();
+  options.staging_bytes = 0;  // one whole snapshot: every chunk is copied before any write
+  options.queue_depth = 8;
+  options.pack_threshold_bytes = 0;  // one write per chunk
+  ASSERT_GT(ChunksPerSave(), 8u);
+  ASSERT_TRUE(MakeEngine(options, &counting).ok());
+  SetState(1);
+  ASSERT_TRUE(Submit(1).ok());
+  EXPECT_TRUE(counting.WaitForHeld()) << "fewer than 8 writes were ever in flight";
+  engine_->WaitAll();
+  EXPECT_GE(counting.max_outstanding(), 8u);
+  EXPECT_GT(counting.max_outstanding(), size_t{options.num_data_files});
+  auto done = Done();
+  ASSERT_EQ(done.size(), 1u);
+  ASSERT_TRUE(done[0].status.ok()) << done[0].status.ToString();
+  ExpectHoldsStep(dir_ + "/model.ckpt-1", 1);
+}
+
+TEST_F(EngineTest, CommitNeverRunsOnAOneTbbWorker) {
+  AddTensors();
+  CommitThreadFileSystem watched(posix_.get());
+  ASSERT_TRUE(MakeEngine(Options(), &watched).ok());
+  for (int64_t step = 1; step <= 3; ++step) {
+    SetState(step);
+    ASSERT_TRUE(Submit(step).ok());
+  }
+  engine_->WaitAll();
+  ASSERT_EQ(Done().size(), 3u);
+  EXPECT_GT(watched.calls(), 0);
+  EXPECT_EQ(watched.calls_on_workers(), 0);
+}
+
+TEST_F(EngineTest, SmallChunksArePackedIntoFewWritesAndReadBack) {
+  AddTensors();
+  InFlightFileSystem counting(posix_.get(), /*hold=*/1);
+  ASSERT_TRUE(MakeEngine(Options(), &counting).ok());
+  SetState(3);
+  ASSERT_TRUE(Submit(3).ok());
+  counting.WaitForHeld();
+  engine_->WaitAll();
+  ASSERT_EQ(Done().size(), 1u);
+  ASSERT_TRUE(Done()[0].status.ok()) << Done()[0].status.ToString();
+  ExpectHoldsStep(dir_ + "/model.ckpt-3", 3);
+  // Every chunk is far below the pack threshold: one packed write per data file.
+  EXPECT_EQ(counting.submitted(), size_t{Options().num_data_files});
+  EXPECT_GT(ChunksPerSave(), counting.submitted());
 }
 
 TEST_F(EngineTest, EmptyRegistryCommitsAnEmptyCheckpoint) {

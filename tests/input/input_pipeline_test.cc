@@ -33,6 +33,7 @@
 #include "src/state/checkpoint_state.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
+#include "tests/support/checkpoint_files.h"
 #include "tests/support/files.h"
 
 namespace asyncckpt {
@@ -805,9 +806,10 @@ TEST_F(InputPipelineTest, NewestCompleteStepPicksTheNewestStepBothHave) {
     if (fs::exists(path)) return;
     ASSERT_TRUE(fs::create_directory(path));
     const format::HostTensor tensor{"v", DType::kI64, {1}, &value, sizeof(value)};
-    format::WriterOptions options;
+    testing_support::WriterOptions options;
     options.num_data_files = 1;
-    auto written = format::WriteCheckpointFiles(*posix, path, {&tensor, 1}, {0, 0, {}}, options);
+    auto written =
+        testing_support::WriteCheckpointFiles(*posix, path, {&tensor, 1}, {0, 0, {}}, options);
     ASSERT_TRUE(written.ok()) << written.status().ToString();
   };
   auto write = [&](const std::string& file, const std::string& basename,

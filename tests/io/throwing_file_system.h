@@ -10,11 +10,13 @@
 #include <string>
 
 #include "asyncckpt/file_system.h"
+#include "tests/io/io_queue_wrapper.h"
 
 namespace asyncckpt::testing_support {
 
-/// Throws "write path exploded" from write_batch while `armed`, "sync_dir exploded" from
-/// sync_dir while `armed_sync_dir`; otherwise passes every call through.
+/// Throws "write path exploded" from write_batch and from its IoQueues' submit_write while
+/// `armed`, "sync_dir exploded" from sync_dir while `armed_sync_dir`; otherwise passes every
+/// call through.
 class ThrowingFileSystem final : public io::FileSystemWrapper {
  public:
   /// Wraps `target` (not owned).
@@ -27,6 +29,13 @@ class ThrowingFileSystem final : public io::FileSystemWrapper {
     if (armed) throw std::runtime_error("write path exploded");
     return target()->write_batch(ops);
   }
+  io::IoStatus new_io_queue(const io::IoQueueOptions& options,
+                            std::unique_ptr<io::IoQueue>* queue) override {
+    std::unique_ptr<io::IoQueue> inner;
+    io::IoStatus status = target()->new_io_queue(options, &inner);
+    if (status.ok()) *queue = std::make_unique<ThrowingQueue>(std::move(inner), this);
+    return status;
+  }
   io::IoStatus sync_dir(const std::string& path) override {
     if (armed_sync_dir) throw std::runtime_error("sync_dir exploded");
     return target()->sync_dir(path);
@@ -36,6 +45,19 @@ class ThrowingFileSystem final : public io::FileSystemWrapper {
   std::atomic<bool> armed_sync_dir{false};
 
  private:
+  class ThrowingQueue final : public IoQueueWrapper {
+   public:
+    ThrowingQueue(std::unique_ptr<io::IoQueue> target, ThrowingFileSystem* owner)
+        : IoQueueWrapper(std::move(target)), owner_(owner) {}
+    void submit_write(const io::WriteOp& op, uint64_t tag) override {
+      if (owner_->armed) throw std::runtime_error("write path exploded");
+      target()->submit_write(op, tag);
+    }
+
+   private:
+    ThrowingFileSystem* owner_;
+  };
+
   std::unique_ptr<io::FileSystem> owned_;
 };
 

@@ -882,7 +882,7 @@ TEST_P(AsyncSaverHookIoModeTest, DirectAndBufferedWritesRoundTrip) {
   ASSERT_TRUE(state.Train(hook->get(), 4).ok());
   for (int64_t step = 0; step <= 4; ++step) {
     AllDTypesState::ExpectRestoresStep(Path(step), step, ReaderOptions{});
-    // Buffered data files hold exactly the stored chunks. O_DIRECT ones start every chunk on a
+    // Buffered data files hold exactly the stored chunks. O_DIRECT ones start every write on a
     // page, but the padding after the last chunk of a file is trimmed.
     auto reader = CheckpointReader::Open(Path(step));
     ASSERT_TRUE(reader.ok());
@@ -897,7 +897,9 @@ TEST_P(AsyncSaverHookIoModeTest, DirectAndBufferedWritesRoundTrip) {
       if (entry.path().filename().string().rfind("data-", 0) == 0) on_disk += entry.file_size();
     }
     if (direct) {
-      EXPECT_GT(on_disk, stored) << Path(step) << ": no page padding, so not written with O_DIRECT";
+      // Chunks this small share packed writes (format::DataFilePlacer): only the packs start
+      // on a page, so the padding between them is all there is beyond the stored bytes.
+      EXPECT_GE(on_disk, stored) << Path(step);
       EXPECT_LE(on_disk, stored + (chunks - options.num_data_files) * (kPage - 1)) << Path(step);
     } else {
       EXPECT_EQ(on_disk, stored) << Path(step);

@@ -141,8 +141,8 @@ TEST_P(CheckpointerTest, SaveReturnsOnceTheStateMayChangeAndTheCheckpointHoldsIt
   ASSERT_EQ(totals.saves.size(), 2u);
   EXPECT_EQ(totals.saves[1].path, Path(8));
   EXPECT_EQ(totals.saves[1].bytes_raw, weights_.size() * sizeof(float));
-  // Staging is the asynchronous engine's; the synchronous writer writes from the tensors.
-  EXPECT_EQ(totals.staging_high_water_bytes > 0, asynchronous());
+  // Both modes write through the engine, which stages the snapshot.
+  EXPECT_GT(totals.staging_high_water_bytes, 0u);
 }
 
 TEST_P(CheckpointerTest, MaybeSaveFollowsTheStepTimerFromTheFirstStepItSees) {

@@ -25,6 +25,7 @@
 #include "src/codec/codec.h"
 #include "src/format/format.h"
 #include "src/format/writer.h"
+#include "tests/support/checkpoint_files.h"
 #include "tests/support/files.h"
 
 namespace asyncckpt {
@@ -67,12 +68,13 @@ class SaverStorageTest : public ::testing::Test {
     ASSERT_TRUE(fs::create_directory(path));
     const format::HostTensor tensor{
         "w", DType::kF32, {4096}, values_.data(), values_.size() * sizeof(float)};
-    format::WriterOptions options;
+    testing_support::WriterOptions options;
     options.chunk_bytes = 4096;
     options.num_data_files = 2;
     options.compression.kind = CompressionKind::kNone;
     const CheckpointMetadata metadata{step, wall_time, {}};
-    auto written = format::WriteCheckpointFiles(*posix_, path, {&tensor, 1}, metadata, options);
+    auto written =
+        testing_support::WriteCheckpointFiles(*posix_, path, {&tensor, 1}, metadata, options);
     ASSERT_TRUE(written.ok()) << written.status().ToString();
   }
 

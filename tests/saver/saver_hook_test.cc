@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -141,6 +143,52 @@ TEST_F(CheckpointSaverHookTest, SavedStateEqualsStateAtThatStepBitForBit) {
   for (size_t i = 0; i < 3000; ++i) ASSERT_EQ((*weights).data()[i], float(4000 + i));
   EXPECT_EQ((*weights).shape()[0], 30u);
   EXPECT_TRUE((*reader)->verify().problems.empty());
+}
+
+TEST_F(CheckpointSaverHookTest, WritesByteForByteWhatTheAsynchronousHookWrites) {
+  // Large chunks (written alone) and small ones (packed) beside each other.
+  std::vector<float> large(100000);
+  ASSERT_TRUE(registry_
+                  .add({"dense/large",
+                        DType::kF32,
+                        {100000},
+                        large.data(),
+                        large.size() * sizeof(float),
+                        nullptr})
+                  .ok());
+  auto write_with = [&](bool asynchronous, const std::string& dir) {
+    SaverOptions options = Options(3);
+    options.checkpoint_dir = dir;
+    options.chunk_bytes = 256 << 10;
+    options.num_data_files = 3;
+    options.compression.kind = CompressionKind::kNone;  // no level that load could lower
+    std::iota(large.begin(), large.end(), 0.5f);
+    if (asynchronous) {
+      auto hook = AsyncCheckpointSaverHook::Create(options, &registry_);
+      ASSERT_TRUE(hook.ok());
+      ASSERT_TRUE(Train(hook->get(), 3).ok());
+    } else {
+      auto hook = CheckpointSaverHook::Create(options, &registry_);
+      ASSERT_TRUE(hook.ok());
+      ASSERT_TRUE(Train(hook->get(), 3).ok());
+    }
+  };
+  write_with(false, dir_ + "/sync");
+  write_with(true, dir_ + "/async");
+  const std::string sync_ckpt = dir_ + "/sync/model.ckpt-3";
+  const std::string async_ckpt = dir_ + "/async/model.ckpt-3";
+  for (uint32_t i = 0; i < 3; ++i) {
+    const std::string name = "/data-0000" + std::to_string(i) + "-of-00003";
+    SCOPED_TRACE(name);
+    std::ifstream a(sync_ckpt + name, std::ios::binary);
+    std::ifstream b(async_ckpt + name, std::ios::binary);
+    const std::string sync_bytes{std::istreambuf_iterator<char>(a), {}};
+    const std::string async_bytes{std::istreambuf_iterator<char>(b), {}};
+    EXPECT_FALSE(sync_bytes.empty());
+    EXPECT_TRUE(sync_bytes == async_bytes);
+  }
+  // The indexes differ only in the metadata's timestamp, which is as long in both.
+  EXPECT_EQ(fs::file_size(sync_ckpt + "/index"), fs::file_size(async_ckpt + "/index"));
 }
 
 TEST_F(CheckpointSaverHookTest, ListenerAskingToStopEndsTheLoop) {

@@ -1,0 +1,514 @@
+#include "src/engine/graph.h"
+
+#include <oneapi/tbb/enumerable_thread_specific.h>
+#include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/task_arena.h>
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "src/format/format.h"
+#include "src/state/commit_checkpoint.h"
+#include "src/util/io_status.h"
+#include "src/util/log.h"
+#include "src/util/status_macros.h"
+
+namespace asyncckpt {
+
+namespace {
+
+using WriteNode = tbb::flow::async_node<ChunkPtr, SavePtr>;
+using CommitNode = tbb::flow::async_node<SavePtr, tbb::flow::continue_msg>;
+
+// Workers an arena may ask for: oneTBB lends at most max_allowed_parallelism - 1 workers to all
+// arenas together and prints a warning on stderr when one asks for more, which a default
+// background_threads (every core) always did.
+int ArenaWorkers(unsigned threads) {
+  const size_t limit =
+      tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism);
+  return static_cast<int>(std::clamp<size_t>(limit > 1 ? limit - 1 : 1, 1, threads));
+}
+
+// One write in flight. Owns what the write reads from, so that its completion releases it.
+// Travels through the IoQueue's tag as a raw pointer, adopted again by the completion.
+struct WriteRequest {
+  SavePtr save;
+  StagingLease lease;
+  PooledBuffer buffer;
+  uint64_t pack_bytes = 0;  // a pack's charge on the staging pool (its chunks' pages)
+  int64_t job = -1;         // the chunk written alone; -1 for a pack
+  uint32_t file = 0;
+  uint64_t offset = 0;
+};
+
+// The thread that runs commits: fsync and rename sleep in the kernel, which no oneTBB worker
+// may do. One thread, so commits run one at a time in the order they came.
+class CommitThread {
+ public:
+  explicit CommitThread(std::function<void(const SavePtr&)> commit)
+      : commit_(std::move(commit)), thread_([this] { Loop(); }) {}
+  ~CommitThread() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+  }
+  void Push(SavePtr save) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(std::move(save));
+    }
+    wake_.notify_one();
+  }
+
+ private:
+  void Loop() {
+    // Named, so that a profile (and a test) can tell commit work from the graph's workers.
+    pthread_setname_np(pthread_self(), kCommitThreadName);
+    std::unique_lock lock(mu_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_, and nothing left
+      SavePtr save = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      commit_(save);
+      save.reset();
+      lock.lock();
+    }
+  }
+
+  const std::function<void(const SavePtr&)> commit_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<SavePtr> queue_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the rest is built
+};
+
+}  // namespace
+
+class SaveGraph::Impl {
+ public:
+  Impl(const GraphOptions& options, io::FileSystem* fs, CheckpointManager* manager, DoneFn on_done)
+      : options_(options),
+        fs_(fs),
+        manager_(manager),
+        on_done_(std::move(on_done)),
+        // No slot is reserved for an outside thread: the graph must run with only workers.
+        arena_(ArenaWorkers(options.threads), 0,
+               options.high_priority ? tbb::task_arena::priority::high
+                                     : tbb::task_arena::priority::normal) {}
+
+  ~Impl() {
+    WaitAll();
+    queue_.reset();  // drains: nothing is in flight any more
+    committer_.reset();
+    arena_.execute([&] {
+      commit_.reset();
+      save_order_.reset();
+      write_.reset();
+      place_.reset();
+      chunk_order_.reset();
+      encode_.reset();
+      graph_.reset();
+    });
+  }
+
+  Status Start() {
+    io::IoQueueOptions queue_options;
+    queue_options.depth = std::max(1u, options_.queue_depth);
+    queue_options.on_complete = [this](uint64_t tag, io::IoStatus status) {
+      Completed(tag, std::move(status));
+    };
+    RETURN_IF_ERROR(ToStatus(fs_->new_io_queue(queue_options, &queue_))
+                        .WithContext("creating the engine's write queue"));
+    committer_ = std::make_unique<CommitThread>([this](const SavePtr& save) {
+      Commit(save);
+      commit_->gateway().release_wait();
+    });
+    arena_.execute([&] { Build(); });
+    return Status::OK();
+  }
+
+  bool TakeFlightPlace(int limit, bool skip_if_busy) {
+    limit = std::max(1, limit);
+    std::unique_lock lock(flight_mu_);
+    if (skip_if_busy && in_flight_.load() >= limit) return false;
+    flight_done_.wait(lock, [&] { return in_flight_.load() < limit; });
+    ++in_flight_;
+    return true;
+  }
+
+  void Admit(const SavePtr& save) { (void)save; }
+
+  void LeaveFlight() {
+    {
+      std::lock_guard lock(flight_mu_);
+      --in_flight_;
+    }
+    flight_done_.notify_all();
+  }
+
+  void PutChunks(std::vector<ChunkPtr> wave) {
+    pending_encode_ += static_cast<int64_t>(wave.size());
+    EnqueueInGraph([this, wave = std::move(wave)] {
+      for (const auto& msg : wave) encode_->try_put(msg);
+    });
+  }
+
+  void ReleaseHold(const SavePtr& save) { Settle(save, 1); }
+
+  void WaitAll() {
+    if (graph_) arena_.execute([&] { graph_->wait_for_all(); });
+  }
+
+  int64_t in_flight() const { return in_flight_.load(); }
+
+ private:
+  void Build();
+  ChunkPtr Encode(ChunkPtr msg);
+  ChunkPtr Place(ChunkPtr msg);
+  void Write(const ChunkPtr& msg);
+  void SubmitWrite(const SavePtr& save, io::File* file, const format::WriteExtent& extent,
+                   const uint8_t* data, WriteRequest owner);
+  void Completed(uint64_t tag, io::IoStatus status);
+  void Settle(const SavePtr& save, size_t done);
+  // A packed chunk's staging pages move to its save's open pack.
+  void ChargeOpen(SaveJob& save, uint64_t pages) {
+    options_.staging->charge(pages, &save.open_pack_charge);
+  }
+  // An open pack closed: its charge stays until it is written, now also for its own save.
+  void CloseCharge(SaveJob& save, uint64_t pages) {
+    options_.staging->settle_open(pages, &save.open_pack_charge);
+  }
+  // A pack written, or dropped with its failed save.
+  void Uncharge(uint64_t pages) { options_.staging->uncharge(pages); }
+  // A failed save's open packs are never written.
+  void DropOpenCharges(SaveJob& save) {
+    uint64_t open = 0;
+    for (uint64_t& charge : save.pack_charges) open += std::exchange(charge, 0);
+    options_.staging->settle_open(open, &save.open_pack_charge);
+    options_.staging->uncharge(open);
+  }
+  void Commit(const SavePtr& save);
+  bool CommitFiles(SaveJob& save);
+  void Report(const SaveJob& save, bool committed);
+
+  // Messages from outside the arena enter through enqueued tasks rather than arena_.execute:
+  // a try_put inside execute spawns the node's task into the caller's own slot, which nobody
+  // runs when the arena has no worker at that moment while the caller blocks on staging that
+  // only that task would free. Enqueued work always gets a worker (oneTBB's mandatory
+  // concurrency). reserve_wait keeps wait_for_all from returning before the task ran.
+  template <typename Fn>
+  void EnqueueInGraph(Fn&& fn) {
+    graph_->reserve_wait();
+    arena_.enqueue([this, fn = std::forward<Fn>(fn)] {
+      fn();
+      graph_->release_wait();
+    });
+  }
+
+  const GraphOptions options_;
+  io::FileSystem* const fs_;
+  CheckpointManager* const manager_;
+  const DoneFn on_done_;
+  tbb::task_arena arena_;
+  BufferPool buffers_;
+  std::unique_ptr<io::IoQueue> queue_;
+  std::unique_ptr<CommitThread> committer_;
+  tbb::enumerable_thread_specific<codec::Scratch> scratch_;
+  std::atomic<int64_t> in_flight_{0};  // changed under flight_mu_, read anywhere
+  std::mutex flight_mu_;
+  std::condition_variable flight_done_;  // a save left the flight
+  // Chunks handed to the encoders and not yet encoded, and chunks placed or writes submitted
+  // and not yet done: together they tell when encoding is the bottleneck.
+  std::atomic<int64_t> pending_encode_{0};
+  std::atomic<int64_t> pending_write_{0};
+  std::unique_ptr<tbb::flow::graph> graph_;
+  std::unique_ptr<tbb::flow::function_node<ChunkPtr, ChunkPtr>> encode_;
+  std::unique_ptr<tbb::flow::sequencer_node<ChunkPtr>> chunk_order_;
+  std::unique_ptr<tbb::flow::function_node<ChunkPtr, ChunkPtr>> place_;
+  std::unique_ptr<WriteNode> write_;
+  std::unique_ptr<tbb::flow::sequencer_node<SavePtr>> save_order_;
+  std::unique_ptr<CommitNode> commit_;
+};
+
+void SaveGraph::Impl::Build() {
+  using namespace tbb::flow;
+  graph_ = std::make_unique<graph>();
+  encode_ = std::make_unique<function_node<ChunkPtr, ChunkPtr>>(
+      *graph_, unlimited, [this](ChunkPtr msg) { return Encode(std::move(msg)); });
+  chunk_order_ = std::make_unique<sequencer_node<ChunkPtr>>(
+      *graph_, [](const ChunkPtr& msg) -> size_t { return msg->seq; });
+  place_ = std::make_unique<function_node<ChunkPtr, ChunkPtr>>(
+      *graph_, serial, [this](ChunkPtr msg) { return Place(std::move(msg)); });
+  write_ = std::make_unique<WriteNode>(
+      *graph_, unlimited, [this](const ChunkPtr& msg, WriteNode::gateway_type&) { Write(msg); });
+  save_order_ = std::make_unique<sequencer_node<SavePtr>>(
+      *graph_, [](const SavePtr& save) -> size_t { return save->id; });
+  commit_ = std::make_unique<CommitNode>(
+      *graph_, serial, [this](const SavePtr& save, CommitNode::gateway_type& gateway) {
+        gateway.reserve_wait();  // released by the commit thread once on_done returned
+        committer_->Push(save);
+      });
+  make_edge(*encode_, *chunk_order_);
+  make_edge(*chunk_order_, *place_);
+  make_edge(*place_, *write_);
+  make_edge(*write_, *save_order_);
+  make_edge(*save_order_, *commit_);
+}
+
+ChunkPtr SaveGraph::Impl::Encode(ChunkPtr msg) {
+  SaveJob& save = *msg->save;
+  Guarded(save, "encode", [&] {
+    if (save.failed) return;
+    if (msg->fence) {
+      Status copied = msg->fence->wait();
+      msg->fence.reset();
+      if (!copied.ok()) return save.Fail(copied.WithContext(ChunkContext(save, msg->job)));
+    }
+    if (options_.compression.kind != CompressionKind::kNone) {
+      // Encoders are the bottleneck when the writers have nothing to do while chunks queue up
+      // for encoding: then a cheaper level (and at last raw) finishes the save sooner.
+      const int64_t backlog = 2 * static_cast<int64_t>(options_.threads);
+      save.MaybeLowerLevel(2 * options_.threads,
+                           pending_write_.load() == 0 && pending_encode_.load() > backlog);
+    }
+    const CompressionOptions compression = save.Compression(options_.compression);
+    const auto& job = save.jobs[msg->job];
+    const size_t elem = DTypeSize(save.tensors[job.tensor].dtype);
+    std::span<const uint8_t> raw(msg->lease.data(), job.length);
+    codec::Scratch& scratch = scratch_.local();
+    Result<codec::EncodedChunk> encoded = [&]() -> Result<codec::EncodedChunk> {
+      if (compression.kind == CompressionKind::kNone) {
+        return codec::Encode(raw, elem, compression, scratch);
+      }
+      msg->out = buffers_.get(job.length);
+      return codec::Encode(raw, elem, compression, scratch,
+                           std::span<uint8_t>(msg->out.data(), msg->out.capacity()));
+    }();
+    if (!encoded.ok()) return save.Fail(encoded.status().WithContext(ChunkContext(save, msg->job)));
+    msg->encoded = *encoded;
+    if (msg->encoded.codec == codec::Codec::kRaw) {
+      msg->out.reset();
+      msg->encoded.stored = raw;  // written straight from staging
+    }
+    save.bytes_stored += msg->encoded.stored.size();
+    ++save.codec_counts[static_cast<size_t>(msg->encoded.codec)];
+  });
+  --pending_encode_;
+  return msg;
+}
+
+ChunkPtr SaveGraph::Impl::Place(ChunkPtr msg) {
+  // Counted from here, not from the end of encode: chunks that wait in the sequencer for an
+  // earlier one are waiting for the encoders, not for the writers.
+  ++pending_write_;
+  SaveJob& save = *msg->save;
+  Guarded(save, "place", [&] {
+    if (save.failed) return;
+    const auto& job = save.jobs[msg->job];
+    const std::span<const uint8_t> stored = msg->encoded.stored;
+    format::ChunkPlacement& placement = msg->placement;
+    placement = save.placer->Place(job.file_index, stored.size());
+    PooledBuffer& pack = save.packs[job.file_index];
+    uint64_t& charge = save.pack_charges[job.file_index];
+    if (placement.closed_pack) {
+      CloseCharge(save, charge);
+      msg->packs.push_back({*placement.closed_pack, std::move(pack), std::exchange(charge, 0)});
+    }
+    if (placement.packed) {
+      const uint64_t pages = StagingPool::RoundUp(job.length);
+      ChargeOpen(save, pages);  // before the lease goes: never neither nor both
+      charge += pages;
+      if (pack.data() == nullptr) pack = buffers_.get(format::kPackBytes);
+      std::memcpy(pack.data() + (placement.offset - placement.pack_offset), stored.data(),
+                  stored.size());
+      // Copied: the staging is free for the next chunks (holding it until the pack is written
+      // would tie a page of staging to every small chunk).
+      msg->lease.reset();
+      msg->out.reset();
+    }
+    save.entries[msg->job] =
+        format::ChunkEntry{job.offset, job.file_index,     placement.offset, stored.size(),
+                           job.length, msg->encoded.codec, msg->encoded.xxh3};
+  });
+  Guarded(save, "place", [&] {
+    if (++save.chunks_placed != save.jobs.size()) return;
+    if (!save.failed) {
+      for (const format::WriteExtent& extent : save.placer->Finish()) {
+        CloseCharge(save, save.pack_charges[extent.file]);
+        msg->packs.push_back({extent, std::move(save.packs[extent.file]),
+                              std::exchange(save.pack_charges[extent.file], 0)});
+      }
+    }
+  });
+  if (save.chunks_placed == save.jobs.size()) DropOpenCharges(save);  // a failed save's packs
+  return msg;
+}
+
+void SaveGraph::Impl::Write(const ChunkPtr& msg) {
+  SaveJob& save = *msg->save;
+  Guarded(save, "write", [&] {
+    for (PackWrite& pack : msg->packs) {
+      if (save.failed) break;
+      uint8_t* data = pack.buffer.data();
+      std::memset(data + pack.extent.bytes, 0, pack.extent.padded_bytes - pack.extent.bytes);
+      WriteRequest owner;
+      owner.buffer = std::move(pack.buffer);
+      owner.pack_bytes = std::exchange(pack.charge, 0);
+      SubmitWrite(msg->save, save.files[pack.extent.file].get(), pack.extent, data,
+                  std::move(owner));
+    }
+    if (save.failed) return;
+    if (const auto& own = msg->placement.own_write) {
+      // Whole pages from a page-aligned buffer under O_DIRECT; the padding is zeroed, never
+      // stale state.
+      uint8_t* data = msg->out.data() != nullptr ? msg->out.data() : msg->lease.data();
+      std::memset(data + own->bytes, 0, own->padded_bytes - own->bytes);
+      WriteRequest owner;
+      owner.lease = std::move(msg->lease);
+      owner.buffer = std::move(msg->out);
+      owner.job = static_cast<int64_t>(msg->job);
+      SubmitWrite(msg->save, save.files[own->file].get(), *own, data, std::move(owner));
+    }
+  });
+  for (PackWrite& pack : msg->packs) Uncharge(pack.charge);  // not written (0 when written)
+  msg->packs.clear();
+  msg->lease.reset();
+  msg->out.reset();
+  --pending_write_;
+  Settle(msg->save, 1);
+}
+
+void SaveGraph::Impl::SubmitWrite(const SavePtr& save, io::File* file,
+                                  const format::WriteExtent& extent, const uint8_t* data,
+                                  WriteRequest owner) {
+  owner.save = save;
+  owner.file = extent.file;
+  owner.offset = extent.offset;
+  ++save->pending;
+  ++pending_write_;
+  write_->gateway().reserve_wait();  // released by the completion
+  auto request = std::make_unique<WriteRequest>(std::move(owner));
+  const io::WriteOp op{file, extent.offset, data, static_cast<size_t>(extent.padded_bytes)};
+  try {
+    queue_->submit_write(op, reinterpret_cast<uint64_t>(request.get()));
+  } catch (...) {
+    // Not queued: undo the counts (the chunk's own hold keeps the save from settling here).
+    Uncharge(request->pack_bytes);
+    --save->pending;
+    --pending_write_;
+    write_->gateway().release_wait();
+    throw;
+  }
+  (void)request.release();  // owned by the queue's tag until Completed adopts it
+}
+
+// On one of the queue's threads.
+void SaveGraph::Impl::Completed(uint64_t tag, io::IoStatus status) {
+  std::unique_ptr<WriteRequest> request(reinterpret_cast<WriteRequest*>(tag));
+  SavePtr save = std::move(request->save);
+  if (!status.ok()) {
+    Guarded(*save, "write", [&] {
+      const std::string what = request->job >= 0
+                                   ? ChunkContext(*save, static_cast<uint32_t>(request->job))
+                                   : save->final_name + ": packed chunks at offset " +
+                                         std::to_string(request->offset) + " of data file " +
+                                         std::to_string(request->file);
+      save->Fail(ToStatus(status).WithContext(what));
+    });
+  }
+  Uncharge(request->pack_bytes);
+  request.reset();  // the staging and buffers it wrote from are free now
+  --pending_write_;
+  Settle(save, 1);
+  write_->gateway().release_wait();
+}
+
+void SaveGraph::Impl::Settle(const SavePtr& save, size_t done) {
+  if (save->pending.fetch_sub(done) == done) write_->gateway().try_put(save);
+}
+
+// On the commit thread.
+void SaveGraph::Impl::Commit(const SavePtr& save) {
+  bool committed = false;
+  Guarded(*save, "commit", [&] { committed = CommitFiles(*save); });
+  if (!committed) {
+    save->files.clear();
+    RemoveFailedSave(*fs_, options_.checkpoint_dir, save->tmp_name);
+  }
+  Report(*save, committed);
+  LeaveFlight();
+}
+
+bool SaveGraph::Impl::CommitFiles(SaveJob& save) {
+  if (save.failed) return false;
+  Result<format::Index> index = format::AssembleIndex(
+      save.tensors, save.metadata, save.placer->num_files(), save.jobs, save.entries);
+  if (!index.ok()) {
+    save.Fail(index.status().WithContext(save.final_name));
+    return false;
+  }
+  const std::vector<uint8_t> index_bytes = format::EncodeIndex(*index);
+  CommitRequest request{.checkpoint_dir = options_.checkpoint_dir,
+                        .tmp_name = save.tmp_name,
+                        .final_name = save.final_name,
+                        .data_files = {},
+                        .index_name = format::kIndexFileName,
+                        .index_bytes = index_bytes,
+                        .wall_time = save.metadata.wall_time};
+  for (uint32_t i = 0; i < save.files.size(); ++i) {
+    request.data_files.push_back(
+        {std::move(save.files[i]), save.placer->logical_end(i), save.placer->written_end(i)});
+  }
+  save.files.clear();
+  CommitResult result = CommitCheckpoint(*fs_, *manager_, std::move(request));
+  if (!result.status.ok()) save.Fail(result.status);
+  return result.committed;
+}
+
+void SaveGraph::Impl::Report(const SaveJob& save, bool committed) {
+  SaveStats stats = save.Stats();
+  if (committed) stats.path = JoinCheckpointPath(options_.checkpoint_dir, save.final_name);
+  if (!on_done_) return;
+  // A listener that throws must not take later saves down with it.
+  try {
+    on_done_(stats);
+  } catch (const std::exception& e) {
+    LogLine("a listener threw after the save of " + save.final_name + ": " + e.what());
+  } catch (...) {
+    LogLine("a listener threw after the save of " + save.final_name);
+  }
+}
+
+Result<std::unique_ptr<SaveGraph>> SaveGraph::Create(const GraphOptions& options,
+                                                     io::FileSystem* fs, CheckpointManager* manager,
+                                                     DoneFn on_done) {
+  auto impl = std::make_unique<Impl>(options, fs, manager, std::move(on_done));
+  RETURN_IF_ERROR(impl->Start());
+  return std::unique_ptr<SaveGraph>(new SaveGraph(std::move(impl)));
+}
+
+SaveGraph::SaveGraph(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+SaveGraph::~SaveGraph() = default;
+bool SaveGraph::TakeFlightPlace(int limit, bool skip_if_busy) {
+  return impl_->TakeFlightPlace(limit, skip_if_busy);
+}
+void SaveGraph::Admit(const SavePtr& save) { impl_->Admit(save); }
+void SaveGraph::PutChunks(std::vector<ChunkPtr> wave) { impl_->PutChunks(std::move(wave)); }
+void SaveGraph::ReleaseHold(const SavePtr& save) { impl_->ReleaseHold(save); }
+void SaveGraph::WaitAll() { impl_->WaitAll(); }
+int64_t SaveGraph::in_flight() const { return impl_->in_flight(); }
+
+}  // namespace asyncckpt

@@ -1,0 +1,134 @@
+#pragma once
+
+// Test support: writes the files of one checkpoint into an existing directory, on the calling
+// thread, with the library's own chunk plan, codec and placement (format::DataFilePlacer), so
+// reader and validator tests can make checkpoints without an engine. Not a second writer: the
+// savers write through src/engine only.
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "asyncckpt/compression.h"
+#include "asyncckpt/file_system.h"
+#include "asyncckpt/status.h"
+#include "src/codec/codec.h"
+#include "src/format/format.h"
+#include "src/format/placement.h"
+#include "src/format/writer.h"
+#include "src/util/io_status.h"
+#include "src/util/status_macros.h"
+
+namespace asyncckpt::testing_support {
+
+/// How WriteCheckpointFiles writes.
+struct WriterOptions {
+  /// Target raw bytes per chunk.
+  uint64_t chunk_bytes = 4ull << 20;
+  /// Data files.
+  uint32_t num_data_files = 2;
+  /// Codec and level of every chunk.
+  CompressionOptions compression;
+  /// Ask for O_DIRECT data files.
+  bool use_o_direct = false;
+};
+
+/// What WriteCheckpointFiles wrote.
+struct WriteStats {
+  /// Sum of the tensors' raw bytes.
+  uint64_t bytes_raw = 0;
+  /// Stored bytes of every chunk.
+  uint64_t bytes_stored = 0;
+  /// Chunks.
+  uint64_t chunks = 0;
+  /// Chunks per codec name.
+  std::map<std::string, uint64_t> chunks_by_codec;
+};
+
+namespace checkpoint_files_detail {
+
+struct AlignedFree {
+  void operator()(uint8_t* p) const { std::free(p); }
+};
+
+inline Status WriteWholeFile(io::FileSystem& fs, const std::string& path, bool direct,
+                             const std::vector<uint8_t>& bytes, uint64_t written_end) {
+  io::OpenOptions options{.write = true, .create = true, .truncate = true, .direct = direct};
+  std::unique_ptr<io::File> file;
+  RETURN_IF_ERROR(ToStatus(fs.open(path, options, &file)));
+  const size_t padded = (written_end + format::kDirectAlignment - 1) / format::kDirectAlignment *
+                        format::kDirectAlignment;
+  std::unique_ptr<uint8_t, AlignedFree> buffer(
+      static_cast<uint8_t*>(std::aligned_alloc(format::kDirectAlignment, padded + 4096)));
+  std::memset(buffer.get(), 0, padded);
+  std::memcpy(buffer.get(), bytes.data(), bytes.size());
+  const size_t length = file->is_direct() ? padded : bytes.size();
+  if (length > 0) RETURN_IF_ERROR(ToStatus(file->write_at(0, buffer.get(), length)));
+  if (length != bytes.size()) RETURN_IF_ERROR(ToStatus(file->truncate(bytes.size())));
+  return ToStatus(file->sync());
+}
+
+}  // namespace checkpoint_files_detail
+
+/// Writes every data file and the index of one checkpoint into the existing directory `dir`,
+/// syncing each file. InvalidArgument for bad tensors, metadata or options.
+inline Result<WriteStats> WriteCheckpointFiles(io::FileSystem& fs, const std::string& dir,
+                                               std::span<const format::HostTensor> tensors,
+                                               const CheckpointMetadata& metadata,
+                                               const WriterOptions& options) {
+  RETURN_IF_ERROR(ValidateCompressionOptions(options.compression));
+  RETURN_IF_ERROR(format::ValidateTensors(tensors));
+  RETURN_IF_ERROR(format::ValidateMetadata(metadata));
+  const uint32_t files = options.num_data_files;
+  const std::vector<format::ChunkJob> jobs =
+      format::PlanChunks(tensors, options.chunk_bytes, files);
+  const uint64_t alignment = options.use_o_direct ? format::kDirectAlignment : 1;
+  format::DataFilePlacer placer(files, alignment);
+  std::vector<std::vector<uint8_t>> contents(files);
+  std::vector<format::ChunkEntry> entries;
+  WriteStats stats;
+  codec::Scratch scratch;
+  for (const format::ChunkJob& job : jobs) {
+    const format::HostTensor& tensor = tensors[job.tensor];
+    std::vector<uint8_t> out(job.length);
+    const auto* base = static_cast<const uint8_t*>(tensor.data);
+    ASSIGN_OR_RETURN(codec::EncodedChunk encoded,
+                     codec::Encode(std::span<const uint8_t>(base + job.offset, job.length),
+                                   DTypeSize(tensor.dtype), options.compression, scratch, out));
+    const format::ChunkPlacement placed = placer.Place(job.file_index, encoded.stored.size());
+    std::vector<uint8_t>& content = contents[job.file_index];
+    if (content.size() < placed.offset + encoded.stored.size()) {
+      content.resize(placed.offset + encoded.stored.size());
+    }
+    std::memcpy(content.data() + placed.offset, encoded.stored.data(), encoded.stored.size());
+    entries.push_back(format::ChunkEntry{job.offset, job.file_index, placed.offset,
+                                         encoded.stored.size(), job.length, encoded.codec,
+                                         encoded.xxh3});
+    stats.bytes_stored += encoded.stored.size();
+    ++stats.chunks_by_codec[std::string(codec::CodecName(encoded.codec))];
+  }
+  (void)placer.Finish();
+  for (uint32_t i = 0; i < files; ++i) {
+    RETURN_IF_ERROR(checkpoint_files_detail::WriteWholeFile(
+        fs, dir + "/" + format::DataFileName(i, files), options.use_o_direct, contents[i],
+        placer.written_end(i)));
+  }
+  ASSIGN_OR_RETURN(format::Index index,
+                   format::AssembleIndex(tensors, metadata, files, jobs, entries));
+  const std::vector<uint8_t> index_bytes = format::EncodeIndex(index);
+  std::unique_ptr<io::File> file;
+  RETURN_IF_ERROR(
+      ToStatus(fs.open(dir + "/" + format::kIndexFileName,
+                       io::OpenOptions{.write = true, .create = true, .truncate = true}, &file)));
+  RETURN_IF_ERROR(ToStatus(file->write_at(0, index_bytes.data(), index_bytes.size())));
+  RETURN_IF_ERROR(ToStatus(file->sync()));
+  for (const format::HostTensor& t : tensors) stats.bytes_raw += t.bytes;
+  stats.chunks = jobs.size();
+  return stats;
+}
+
+}  // namespace asyncckpt::testing_support
