@@ -351,8 +351,8 @@ TEST(CheckpointStateTextTest, ValidateRejectsWhatCannotBeReadBack) {
 
 // A state file of the largest size a reader accepts holds some 350000 names. Parsing and
 // validating it must end: a duplicate check that searched the list per name took most of an hour
-// (found while fuzzing the parser, issue 8). The watchdog keeps that from stalling the suite; it
-// measures nothing.
+// (found while writing the parser's fuzz target, issue 8). The watchdog keeps that from stalling
+// the suite; it measures nothing.
 TEST(CheckpointStateTextTest, StateFileOfTheLargestAcceptedSizeParsesAndValidates) {
   std::string text;
   size_t count = 0;
