@@ -6,6 +6,25 @@ function(asyncckpt_warnings target)
   endif()
 endfunction()
 
+# The fuzz build (fuzz/, scripts/fuzz) needs clang's libFuzzer. Every target of ours gets the
+# coverage instrumentation that guides it, not only the fuzz targets, so that the fuzzer sees
+# the branches of the parsers in the library; only the fuzz targets link libFuzzer's main.
+macro(asyncckpt_setup_fuzzing)
+  if(ASYNCCKPT_FUZZ)
+    if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+      message(FATAL_ERROR "ASYNCCKPT_FUZZ needs clang (libFuzzer), not ${CMAKE_CXX_COMPILER_ID}: "
+                          "configure with -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14, "
+                          "or run scripts/fuzz")
+    endif()
+    if(ASYNCCKPT_TSAN)
+      message(FATAL_ERROR "ASYNCCKPT_FUZZ runs under AddressSanitizer; it cannot be combined with "
+                          "ASYNCCKPT_TSAN")
+    endif()
+    set(ASYNCCKPT_ASAN ON)
+    add_compile_options(-fsanitize=fuzzer-no-link)
+  endif()
+endmacro()
+
 macro(asyncckpt_setup_sanitizers)
   if(ASYNCCKPT_ASAN AND ASYNCCKPT_TSAN)
     message(FATAL_ERROR "ASYNCCKPT_ASAN and ASYNCCKPT_TSAN cannot be combined")

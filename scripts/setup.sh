@@ -10,6 +10,8 @@ PACKAGES=(build-essential cmake ninja-build pkg-config git libtbb-dev liburing-d
 # The Python package (python/), its tests, the PyTorch example and its benchmark, all for Debian's
 # /usr/bin/python3 (CMake picks that interpreter; see cmake/AsyncckptPython.cmake).
 PACKAGES+=(python3-dev pybind11-dev python3-numpy python3-torch python3-sklearn python3-pytest)
+# The fuzz targets (fuzz/, scripts/fuzz): clang and its libFuzzer runtime.
+PACKAGES+=(clang-14 libclang-rt-14-dev)
 
 install_missing_packages() {
   local missing=()
@@ -25,9 +27,14 @@ install_missing_packages() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
+# Configures $BUILD_DIR (build type $BUILD_TYPE, default RelWithDebInfo; extra arguments go to
+# cmake) with warnings as errors, which the project's own builds always use, and builds it.
 configure_and_build() {
   if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
-    cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
+    cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" \
+      -DASYNCCKPT_WERROR=ON "$@"
+  elif ! grep -qx 'ASYNCCKPT_WERROR:BOOL=ON' "$BUILD_DIR/CMakeCache.txt"; then
+    cmake -B "$BUILD_DIR" -DASYNCCKPT_WERROR=ON >/dev/null
   fi
   cmake --build "$BUILD_DIR" -j"$(nproc)"
 }

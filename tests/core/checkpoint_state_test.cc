@@ -23,6 +23,7 @@
 #include "asyncckpt/state.h"
 #include "io/fault_injection_file_system.h"
 #include "src/util/log.h"
+#include "tests/support/watchdog.h"
 
 namespace asyncckpt {
 namespace {
@@ -346,6 +347,42 @@ TEST(CheckpointStateTextTest, ValidateRejectsWhatCannotBeReadBack) {
   EXPECT_EQ(ValidateCheckpointState(state).code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(ValidateCheckpointState(ExampleState()).ok());
   EXPECT_TRUE(ValidateCheckpointState(CheckpointState{}).ok());
+}
+
+// A state file of the largest size a reader accepts holds some 350000 names. Parsing and
+// validating it must end: a duplicate check that searched the list per name took most of an hour
+// (found while writing the parser's fuzz target, issue 8). The watchdog keeps that from stalling
+// the suite; it measures nothing.
+TEST(CheckpointStateTextTest, StateFileOfTheLargestAcceptedSizeParsesAndValidates) {
+  std::string text;
+  size_t count = 0;
+  for (;;) {
+    const std::string line =
+        "all_model_checkpoint_paths: \"" + Name(static_cast<int>(count)) + "\"\n";
+    if (text.size() + line.size() + 64 > kMaxCheckpointStateFileBytes) break;
+    text += line;
+    ++count;
+  }
+  text += "model_checkpoint_path: \"" + Name(static_cast<int>(count - 1)) + "\"\n";
+  const testing_support::ChildOutcome outcome = testing_support::RunInChild(
+      [&](std::string* message) {
+        Result<CheckpointState> parsed = ParseCheckpointState(text, "big");
+        if (!parsed.ok()) {
+          *message = parsed.status().ToString();
+          return 1;
+        }
+        if (parsed->all_model_checkpoint_paths.size() != count) {
+          *message = std::to_string(parsed->all_model_checkpoint_paths.size()) + " names parsed";
+          return 2;
+        }
+        const Status valid = ValidateCheckpointState(*parsed);
+        *message = valid.ToString();
+        return valid.ok() ? 0 : 3;
+      },
+      std::chrono::minutes(5));
+  ASSERT_TRUE(outcome.ended_on_its_own)
+      << "parsing " << text.size() << " bytes (" << count << " names) did not end in 5 minutes";
+  EXPECT_EQ(outcome.exit_code, 0) << outcome.message;
 }
 
 // ---- reading and writing the file ---------------------------------------------------------------
@@ -998,7 +1035,7 @@ TEST_F(CheckpointStateTest, EntryTypeSeesSymlinksAndSpecialFilesAsThemselves) {
   const std::vector<std::pair<std::string, io::EntryType>> expected = {
       {"dir", io::EntryType::kDirectory},   {"dir/index", io::EntryType::kFile},
       {"link", io::EntryType::kSymlink},    {"dangling", io::EntryType::kSymlink},
-      {"fifo", io::EntryType::kFifo},      {"missing", io::EntryType::kNone},
+      {"fifo", io::EntryType::kFifo},       {"missing", io::EntryType::kNone},
       {"dir/index/x", io::EntryType::kNone}};
   for (const auto& [name, type] : expected) {
     io::EntryType seen = io::EntryType::kFile;
