@@ -54,12 +54,13 @@ class ThreadPoolIoQueue final : public IoQueue {
     bool write;
   };
 
+  // Notifies under the lock: once it is released, a worker may complete the request and a
+  // drain() waiting for it may return and destroy this queue while notify_one still runs
+  // (ThreadSanitizer saw that race when a test forwarded held writes from its own thread).
   void Push(Request request) {
-    {
-      std::lock_guard lock(mu_);
-      pending_.push_back(request);
-      ++unfinished_;
-    }
+    std::lock_guard lock(mu_);
+    pending_.push_back(request);
+    ++unfinished_;
     work_.notify_one();
   }
 

@@ -146,18 +146,18 @@ void UringIoQueue::submit_read(const ReadOp& op, uint64_t tag) {
 }
 
 void UringIoQueue::Push(Request request) {
-  bool wake = false;
-  {
-    std::lock_guard lock(mu_);
-    submitted_.push_back(request);
-    ++unfinished_;
-    if (std::this_thread::get_id() == owner_id_) {
-      owner_submitted_ = true;  // a callback's: taken at the owner's next turn, no wake-up
-    } else if (!wake_sent_) {
-      wake = wake_sent_ = true;
-    }
+  // The wake-up is written under the lock: once it is released the owner may complete the
+  // request on a turn it was already taking, a drain() may return and the queue (and its
+  // eventfd, whose number the kernel may then hand to another file) go away.
+  std::lock_guard lock(mu_);
+  submitted_.push_back(request);
+  ++unfinished_;
+  if (std::this_thread::get_id() == owner_id_) {
+    owner_submitted_ = true;  // a callback's: taken at the owner's next turn, no wake-up
+  } else if (!wake_sent_) {
+    wake_sent_ = true;
+    Wake(/*force=*/true);
   }
-  if (wake) Wake(/*force=*/true);
 }
 
 void UringIoQueue::Wake(bool force) {

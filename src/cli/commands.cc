@@ -42,7 +42,12 @@ std::optional<ParsedFlags> ParseOrExit(const std::string& usage, const std::vect
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? "," : "") + std::to_string(shape[i]);
+  // Appended piece by piece: GCC 12 at -O3 reports `"," + std::string&&` as an overlapping
+  // memcpy (-Wrestrict, a known false positive), which a Release build with -Werror refuses.
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i != 0) text += ',';
+    text += std::to_string(shape[i]);
+  }
   return text + "]";
 }
 

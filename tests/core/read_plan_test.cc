@@ -17,7 +17,8 @@ class ReadPlanTest : public ::testing::Test {
   size_t AddTensor(
       const std::vector<std::tuple<uint32_t, uint64_t, uint64_t, codec::Codec>>& chunks) {
     format::TensorEntry tensor;
-    tensor.name = "t" + std::to_string(index_.tensors.size());
+    tensor.name = "t";  // appended: GCC 12 -O3 -Wrestrict false positive on "t" + string&&
+    tensor.name += std::to_string(index_.tensors.size());
     tensor.dtype = DType::kU8;
     for (const auto& [file, offset, stored, codec] : chunks) {
       const uint64_t raw = codec == codec::Codec::kRaw ? stored : stored * 4;

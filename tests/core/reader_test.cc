@@ -661,7 +661,9 @@ class StreamingRestoreTest : public ReaderTest,
     const DType dtypes[] = {DType::kF32, DType::kU8, DType::kF64, DType::kI16};
     for (int i = 0; i < 40; ++i) {
       const int64_t elements = 1 + (i * 7919) % 20000;
-      tensors.push_back(Make("t" + std::to_string(100 + i), dtypes[i % 4], {elements}));
+      std::string name = "t";  // appended: GCC 12 -O3 -Wrestrict false positive on "t" + string&&
+      name += std::to_string(100 + i);
+      tensors.push_back(Make(name, dtypes[i % 4], {elements}));
     }
     return tensors;
   }

@@ -65,7 +65,7 @@ inline Status WriteWholeFile(io::FileSystem& fs, const std::string& path, bool d
   std::unique_ptr<uint8_t, AlignedFree> buffer(
       static_cast<uint8_t*>(std::aligned_alloc(format::kDirectAlignment, padded + 4096)));
   std::memset(buffer.get(), 0, padded);
-  std::memcpy(buffer.get(), bytes.data(), bytes.size());
+  if (!bytes.empty()) std::memcpy(buffer.get(), bytes.data(), bytes.size());  // data() may be null
   const size_t length = file->is_direct() ? padded : bytes.size();
   if (length > 0) RETURN_IF_ERROR(ToStatus(file->write_at(0, buffer.get(), length)));
   if (length != bytes.size()) RETURN_IF_ERROR(ToStatus(file->truncate(bytes.size())));
