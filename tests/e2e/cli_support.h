@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdint>
@@ -208,5 +209,36 @@ class CliFixture : public ::testing::Test {
  private:
   std::string prefix_;
 };
+
+// The steps of `basename`'s committed checkpoints in `dir`: "<basename>-<digits>" directories
+// holding an index (a commit renames a complete directory into place, so each is whole).
+inline std::vector<int64_t> CommittedSteps(const std::string& dir, const std::string& basename) {
+  std::vector<int64_t> steps;
+  const std::string prefix = basename + "-";
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    if (name.find_first_not_of("0123456789", prefix.size()) != std::string::npos) continue;
+    if (!std::filesystem::exists(entry.path() / "index")) continue;
+    steps.push_back(std::stoll(name.substr(prefix.size())));
+  }
+  return steps;
+}
+
+// The step a resume starts from: the newest step with both a committed model and a committed
+// input checkpoint. Not NewestCompleteStep of the directory as the kill left it: a kill between
+// a commit's rename and its state-file update leaves a committed checkpoint unlisted, and the
+// next start lists it again before it restores (docs/durability.md, finding 7).
+inline std::optional<int64_t> NewestCommittedPair(const std::string& dir) {
+  std::vector<int64_t> model = CommittedSteps(dir, "model.ckpt");
+  std::optional<int64_t> newest;
+  for (int64_t step : CommittedSteps(dir, "input.ckpt")) {
+    if (std::find(model.begin(), model.end(), step) != model.end()) {
+      newest = std::max(newest.value_or(step), step);
+    }
+  }
+  return newest;
+}
 
 }  // namespace asyncckpt::testing_support
