@@ -159,7 +159,6 @@ Result<SubmitResult> Engine::Impl::Submit(const SubmitRequest& request) {
   if (request.before_copy) request.before_copy();
   save->id = next_save_id_++;
   save->pending = save->jobs.size() + 1;  // + Submit's hold
-  graph_->Admit(save);
   Status opened = OpenFiles(*save);
   if (!opened.ok()) save->Fail(opened.WithContext(save->final_name));
   // Waves: one chunk whose lease may wait for earlier writes, then as many as fit right now.

@@ -149,8 +149,6 @@ class SaveGraph::Impl {
     return true;
   }
 
-  void Admit(const SavePtr& save) { (void)save; }
-
   void LeaveFlight() {
     {
       std::lock_guard lock(flight_mu_);
@@ -505,7 +503,6 @@ SaveGraph::~SaveGraph() = default;
 bool SaveGraph::TakeFlightPlace(int limit, bool skip_if_busy) {
   return impl_->TakeFlightPlace(limit, skip_if_busy);
 }
-void SaveGraph::Admit(const SavePtr& save) { impl_->Admit(save); }
 void SaveGraph::PutChunks(std::vector<ChunkPtr> wave) { impl_->PutChunks(std::move(wave)); }
 void SaveGraph::ReleaseHold(const SavePtr& save) { impl_->ReleaseHold(save); }
 void SaveGraph::WaitAll() { impl_->WaitAll(); }

@@ -46,8 +46,9 @@ struct GraphOptions {
   StagingPool* staging = nullptr;
 };
 
-/// The graph. Saves enter through Admit, PutChunks and ReleaseHold, from one thread (Submit's);
-/// on_done is called from the commit thread, one save at a time, in Admit order.
+/// The graph. Saves enter through TakeFlightPlace, PutChunks and ReleaseHold, from one thread
+/// (Submit's); on_done is called from the commit thread, one save at a time, in the order their
+/// flight places were taken.
 class SaveGraph {
  public:
   /// Called once per admitted save with its final stats. Should not throw: an exception from
@@ -63,12 +64,10 @@ class SaveGraph {
   SaveGraph(const SaveGraph&) = delete;
   SaveGraph& operator=(const SaveGraph&) = delete;
 
-  /// Takes a place among the saves in flight, waiting while `limit` are (or, with
-  /// skip_if_busy, returning false at once); true once taken. Admit must follow a true.
+  /// Counts a new save in flight, waiting while `limit` are (or, with skip_if_busy, returning
+  /// false at once); true once counted. The save's pending count must then include every chunk
+  /// and the hold that ReleaseHold drops.
   bool TakeFlightPlace(int limit, bool skip_if_busy);
-  /// Admits a save that took a flight place; its pending count must already include every
-  /// chunk and the hold that ReleaseHold drops.
-  void Admit(const SavePtr& save);
   /// Hands copied chunks to the encoders.
   void PutChunks(std::vector<ChunkPtr> wave);
   /// Drops Submit's hold on `save`: it commits once its last write completed.
