@@ -28,7 +28,17 @@ struct TensorRef {
   size_t bytes = 0;
   /// Where `data` lives; null means host memory.
   std::shared_ptr<Device> device;
+  /// Multi-process jobs: the dimensions of the global tensor this buffer is a shard of. Empty
+  /// (the default): the tensor is whole and `shape` is its shape.
+  std::vector<int64_t> global_shape;
+  /// With global_shape: this shard's first index in each global dimension (the box
+  /// [global_offset, global_offset + shape) in the global index space). Several processes may
+  /// hold the same box (replicas); it is written once.
+  std::vector<int64_t> global_offset;
 };
+
+/// Whether `tensor` is registered as a shard of a global tensor.
+inline bool IsShard(const TensorRef& tensor) { return !tensor.global_shape.empty(); }
 
 /// The number of elements a shape holds, or -1 when a dimension is negative or it overflows.
 int64_t NumElements(const std::vector<int64_t>& shape);

@@ -17,6 +17,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "asyncckpt/dtype.h"
@@ -102,9 +103,33 @@ struct TensorEntry {
   uint64_t bytes = 0;
   /// Chunks covering [0, bytes) in order, without gaps or overlap (none when bytes is 0).
   std::vector<ChunkEntry> chunks;
+  /// Sharded indexes only (kIndexFlagSharded): the global tensor's dimensions; `shape` is then
+  /// this slice's extent and `bytes` its raw size. Empty in an unsharded index.
+  std::vector<int64_t> global_shape;
+  /// Sharded only: the slice's first index in each global dimension.
+  std::vector<int64_t> box_offset;
+  /// Sharded only: the rank that wrote the slice (the lowest rank holding the box).
+  uint32_t writer_rank = 0;
 
   bool operator==(const TensorEntry&) const = default;
 };
+
+/// An unsharded tensor's entry.
+inline TensorEntry WholeTensorEntry(std::string name, DType dtype, std::vector<int64_t> shape,
+                                    uint64_t bytes, std::vector<ChunkEntry> chunks) {
+  TensorEntry entry;
+  entry.name = std::move(name);
+  entry.dtype = dtype;
+  entry.shape = std::move(shape);
+  entry.bytes = bytes;
+  entry.chunks = std::move(chunks);
+  return entry;
+}
+
+/// Header flag of an index whose tensors are slices of global tensors, written by
+/// `world_size` processes: one TensorEntry per slice, several per name; together a name's slices
+/// tile its global shape without overlap. Readers that predate it refuse the index by its flags.
+inline constexpr uint32_t kIndexFlagSharded = 1;
 
 /// The whole index of one checkpoint.
 struct Index {
@@ -112,8 +137,13 @@ struct Index {
   CheckpointMetadata metadata;
   /// Number of data files (data-00000-of-N ... data-(N-1)-of-N).
   uint32_t num_data_files = 0;
-  /// Every tensor, in the order the writer listed them.
+  /// Every tensor, in the order the writer listed them (sharded: every slice).
   std::vector<TensorEntry> tensors;
+  /// Sharded (kIndexFlagSharded set) when the processes of a multi-process job wrote it.
+  bool sharded = false;
+  /// Sharded only: processes that wrote the checkpoint; data files rank r wrote are numbered
+  /// r * (num_data_files / world_size) onwards.
+  uint32_t world_size = 1;
 };
 
 /// "<basename>-<step>", the name of a committed checkpoint directory.

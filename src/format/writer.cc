@@ -120,7 +120,7 @@ Result<Index> AssembleIndex(std::span<const HostTensor> tensors, const Checkpoin
   index.num_data_files = num_data_files;
   index.tensors.reserve(tensors.size());
   for (const HostTensor& t : tensors) {
-    index.tensors.push_back(TensorEntry{t.name, t.dtype, t.shape, t.bytes, {}});
+    index.tensors.push_back(WholeTensorEntry(t.name, t.dtype, t.shape, t.bytes, {}));
   }
   for (size_t i = 0; i < jobs.size(); ++i) {
     const ChunkJob& job = jobs[i];

@@ -27,7 +27,7 @@ Index TinyIndex() {
   index.metadata.step = 7;
   index.metadata.wall_time = 1.5;
   index.num_data_files = 1;
-  index.tensors.push_back(TensorEntry{"a", DType::kF32, {2}, 8, {Chunk(0, 0, 0, 8, 8)}});
+  index.tensors.push_back(WholeTensorEntry("a", DType::kF32, {2}, 8, {Chunk(0, 0, 0, 8, 8)}));
   return index;
 }
 
@@ -45,16 +45,14 @@ Index RichIndex() {
   index.metadata.wall_time = 1.7e9 + 0.25;
   index.metadata.user = {{"", "empty key"}, {"lr", "0.001"}, {"note", std::string(300, 'x')}};
   index.num_data_files = 3;
-  index.tensors.push_back(TensorEntry{"scalar", DType::kF64, {}, 8, {Chunk(0, 2, 0, 8, 8)}});
-  index.tensors.push_back(TensorEntry{"empty", DType::kBF16, {0, 5}, 0, {}});
-  index.tensors.push_back(TensorEntry{"layer/0/weights",
-                                      DType::kF32,
-                                      {3, 5},
-                                      60,
-                                      {Chunk(0, 0, 0, 10, 24, codec::Codec::kZstd, 1),
-                                       Chunk(24, 1, 0, 24, 24, codec::Codec::kRaw, 2),
-                                       Chunk(48, 0, 10, 5, 12, codec::Codec::kShuffleZstd, 3)}});
-  index.tensors.push_back(TensorEntry{"flags", DType::kBool, {4}, 4, {Chunk(0, 1, 24, 4, 4)}});
+  index.tensors.push_back(WholeTensorEntry("scalar", DType::kF64, {}, 8, {Chunk(0, 2, 0, 8, 8)}));
+  index.tensors.push_back(WholeTensorEntry("empty", DType::kBF16, {0, 5}, 0, {}));
+  index.tensors.push_back(
+      WholeTensorEntry("layer/0/weights", DType::kF32, {3, 5}, 60,
+                       {Chunk(0, 0, 0, 10, 24, codec::Codec::kZstd, 1),
+                        Chunk(24, 1, 0, 24, 24, codec::Codec::kRaw, 2),
+                        Chunk(48, 0, 10, 5, 12, codec::Codec::kShuffleZstd, 3)}));
+  index.tensors.push_back(WholeTensorEntry("flags", DType::kBool, {4}, 4, {Chunk(0, 1, 24, 4, 4)}));
   return index;
 }
 
