@@ -102,8 +102,8 @@ TensorRegistry ToRegistry(const std::vector<TensorSpec>& specs) {
     }
     std::shared_ptr<Device> device;
     if (cuda_ordinal) device = CudaDevice(*cuda_ordinal);
-    Check(registry.add(TensorRef{name, *dtype, shape, reinterpret_cast<void*>(address), bytes,
-                                 std::move(device)}));
+    Check(registry.add(TensorRef{
+        name, *dtype, shape, reinterpret_cast<void*>(address), bytes, std::move(device), {}, {}}));
   }
   return registry;
 }

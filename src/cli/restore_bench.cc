@@ -66,8 +66,14 @@ class HostBuffers {
         buffers_.emplace_back(data);
         std::memset(data, 0, rounded);
       }
-      RETURN_IF_ERROR(registry->add(TensorRef{info.name, info.dtype, info.shape, data,
-                                              static_cast<size_t>(info.bytes), nullptr}));
+      RETURN_IF_ERROR(registry->add(TensorRef{info.name,
+                                              info.dtype,
+                                              info.shape,
+                                              data,
+                                              static_cast<size_t>(info.bytes),
+                                              nullptr,
+                                              {},
+                                              {}}));
     }
     return Status::OK();
   }

@@ -170,7 +170,9 @@ Status SimModel::Build() {
                                            {static_cast<int64_t>(array.size())},
                                            array.data(),
                                            array.size() * elem,
-                                           nullptr});
+                                           nullptr,
+                                           {},
+                                           {}});
           },
           arrays_[index]);
     };

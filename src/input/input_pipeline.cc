@@ -75,9 +75,14 @@ uint64_t IteratorState::total_bytes() const {
 Result<TensorRegistry> IteratorState::AsRegistry() const {
   TensorRegistry registry;
   for (const Entry& entry : entries_) {
-    RETURN_IF_ERROR(registry.add(TensorRef{entry.name, entry.dtype, entry.shape,
+    RETURN_IF_ERROR(registry.add(TensorRef{entry.name,
+                                           entry.dtype,
+                                           entry.shape,
                                            const_cast<uint8_t*>(entry.bytes.data()),
-                                           entry.bytes.size(), nullptr}));
+                                           entry.bytes.size(),
+                                           nullptr,
+                                           {},
+                                           {}}));
   }
   return registry;
 }

@@ -28,7 +28,9 @@ class MemcpyYardstickTest : public ::testing::Test {
                                    {static_cast<int64_t>(values.size())},
                                    values.data(),
                                    values.size() * sizeof(float),
-                                   nullptr})
+                                   nullptr,
+                                   {},
+                                   {}})
                     .ok());
   }
   std::vector<int64_t> MeasuredSteps(const MemcpyYardstickHook& hook) {

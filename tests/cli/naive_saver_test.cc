@@ -49,7 +49,9 @@ class NaiveSaverTest : public ::testing::Test {
                                    {static_cast<int64_t>(values.size())},
                                    values.data(),
                                    values.size() * sizeof(float),
-                                   nullptr})
+                                   nullptr,
+                                   {},
+                                   {}})
                     .ok());
   }
   SaverOptions Options(int64_t every, int max_to_keep) const {
