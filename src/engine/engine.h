@@ -34,6 +34,20 @@
 
 namespace asyncckpt {
 
+/// Who this process is among the writers of a multi-process (sharded) checkpoint. The default,
+/// world_size 1, is the single-process path, unchanged.
+struct ShardingOptions {
+  /// This process's rank, 0 <= rank < world_size; rank 0 commits.
+  uint32_t rank = 0;
+  /// Processes writing each checkpoint; 1 = single process.
+  uint32_t world_size = 1;
+  /// The same on every rank (agreed at the job's start): names each save's shared temporary
+  /// directory, so that every rank writes into the same one.
+  std::string job_token;
+  /// How long a rank waits for the others during a commit before failing the save.
+  double timeout_seconds = 300;
+};
+
 /// One options struct for the engine; every field has a default.
 struct EngineOptions {
   /// Where checkpoints are committed.
@@ -71,6 +85,9 @@ struct EngineOptions {
   /// for a 2 MiB state with max_to_keep 2, found by the crash harness. Two: one committing,
   /// one being written behind it.
   int max_saves_in_flight = 2;
+  /// Multi-process saves: this rank's part of a sharded checkpoint (world_size 1: not sharded).
+  /// The registry then holds only the tensors (and shards) this rank writes.
+  ShardingOptions sharding;
 };
 
 /// Whether Submit took the snapshot.
