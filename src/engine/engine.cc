@@ -58,6 +58,20 @@ Status ValidateSharding(const EngineOptions& options) {
   return Status::OK();
 }
 
+// A single-process checkpoint holds whole tensors: a shard registered there that is only part
+// of its global tensor would be saved as if it were all of it.
+Status CheckWholeTensors(const TensorRegistry& registry) {
+  for (const TensorRef& ref : registry.tensors()) {
+    if (IsShard(ref) && ref.global_shape != ref.shape) {
+      return Status::InvalidArgument(
+          "tensor '" + ref.name.substr(0, 200) +
+          "' is a shard of a larger global tensor, but sharding.world_size is 1: a "
+          "single-process checkpoint holds whole tensors");
+    }
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 class Engine::Impl {
@@ -214,6 +228,7 @@ Result<SubmitResult> Engine::Impl::Submit(const SubmitRequest& request) {
   // otherwise fail only at the commit, after every byte was written.
   RETURN_IF_ERROR(format::ValidateTensors(save->tensors).WithContext(save->final_name));
   RETURN_IF_ERROR(format::ValidateMetadata(request.metadata).WithContext(save->final_name));
+  if (!sharded()) RETURN_IF_ERROR(CheckWholeTensors(*registry_).WithContext(save->final_name));
   // A rank that skipped a save the others take would fail that save on every rank (rank 0
   // waits for its part until the timeout): sharded saves are never skipped.
   const bool skip_if_busy = request.skip_if_busy && !sharded();

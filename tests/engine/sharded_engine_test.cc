@@ -29,6 +29,7 @@
 #include "src/codec/codec.h"
 #include "src/engine/engine.h"
 #include "src/format/format.h"
+#include "src/saver/saver_common.h"
 #include "src/state/sharded_commit.h"
 #include "src/util/elapsed.h"
 #include "tests/io/gated_file_system.h"
@@ -278,6 +279,9 @@ TEST_F(ShardedEngineTest, EveryRankCommitsAndTheGlobalIndexHoldsEveryShard) {
   ASSERT_TRUE(latest.ok());
   EXPECT_EQ(*latest, checkpoint);
 
+  // The savers' start-up check finds it complete (else a restart would delete it).
+  auto valid = ValidateCheckpointDirectory(*posix_, checkpoint);
+  EXPECT_TRUE(valid.ok()) << valid.status().ToString();
   auto slices = ReadSlices(checkpoint);
   ASSERT_TRUE(slices.ok()) << slices.status().ToString();
   EXPECT_EQ(slices->bytes.size(), 3u + 2u + 1u + 1u);
@@ -487,6 +491,22 @@ TEST_F(ShardedEngineTest, WorldSizeOneWritesAnUnshardedCheckpointAsBefore) {
   EXPECT_EQ(index->num_data_files, 2u);
   EXPECT_TRUE(fs::exists(dir_ + "/model.ckpt-8/data-00001-of-00002"));
   EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "model.ckpt-8"}));
+}
+
+TEST_F(ShardedEngineTest, APartialShardInASingleProcessSaveIsRefusedByName) {
+  RankState state(1, 1);  // holds rows 4..5 of w
+  CheckpointManager manager(posix_.get(), dir_, "model.ckpt", 0, 0, SystemClockSeconds);
+  auto engine =
+      Engine::Create(RankOptions(dir_, 0, 1), posix_.get(), &manager, &state.registry, nullptr);
+  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
+  SubmitRequest request;
+  request.metadata.step = 1;
+  auto submitted = (*engine)->Submit(request);
+  ASSERT_FALSE(submitted.ok());
+  EXPECT_EQ(submitted.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(submitted.status().message().find("tensor 'b' is a shard"), std::string::npos)
+      << submitted.status().ToString();
+  EXPECT_TRUE(fs::is_empty(dir_)) << "nothing written";
 }
 
 }  // namespace
