@@ -395,6 +395,11 @@ Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags,
   RETURN_IF_ERROR(CheckInputFlags(flags, config));
   config.metrics_json = flags.get("metrics_json");
   if (config.model.shard) {
+    // Rank 0 applies the model's retention: it pairs with rank 0's own input checkpoints.
+    InputPipelineOptions input;
+    input.num_workers = config.model.world_size;
+    input.task_id = config.model.rank;
+    config.saver.paired_input_basename = InputCheckpointBasename(input);
     if (!config.dir_was_given) {
       return Status::InvalidArgument(
           "--shard needs --checkpoint_dir: every rank writes into the same directory");
