@@ -55,6 +55,7 @@ SaveStats SaveJob::Stats() const {
   }
   stats.blocked_seconds = blocked_seconds;
   stats.seconds_to_durable = SecondsSince(start);
+  stats.failed_rank = failed_rank;
   return stats;
 }
 

@@ -238,7 +238,9 @@ class EngineTest : public ::testing::Test {
                           {12, 100},
                           weights_.data(),
                           weights_.size() * sizeof(float),
-                          device})
+                          device,
+                          {},
+                          {}})
                     .ok());
     ASSERT_TRUE(registry_
                     .add({"layer/counts",
@@ -246,10 +248,14 @@ class EngineTest : public ::testing::Test {
                           {37},
                           counts_.data(),
                           counts_.size() * sizeof(int64_t),
-                          device})
+                          device,
+                          {},
+                          {}})
                     .ok());
     ASSERT_TRUE(
-        registry_.add({"layer/flags", DType::kU8, {5}, flags_.data(), flags_.size(), device}).ok());
+        registry_
+            .add({"layer/flags", DType::kU8, {5}, flags_.data(), flags_.size(), device, {}, {}})
+            .ok());
   }
 
   // The state at `step`: every element changes every step.
@@ -795,7 +801,9 @@ TEST_F(EngineTest, ResidentMemoryAndStagingStayFlatOverHundredsOfSaves) {
                         {256, 1024},
                         state.data(),
                         state.size() * sizeof(float),
-                        nullptr})
+                        nullptr,
+                        {},
+                        {}})
                   .ok());
   EngineOptions options = Options();
   options.chunk_bytes = 64 << 10;
