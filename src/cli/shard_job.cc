@@ -300,7 +300,7 @@ Status ShardedSessionCreator::Restore(int64_t step) {
                               std::to_string(step) + " as its name says");
   }
   RETURN_IF_ERROR(reader->restore(*registry_).WithContext("restoring " + path));
-  restore_bytes_read_ = 0;
+  restore_bytes_read_ = reader->read_stats().bytes_read;
   restore_seconds_ = Seconds(std::chrono::steady_clock::now() - start);
   restored_from_ = path;
   return Status::OK();
