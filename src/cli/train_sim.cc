@@ -838,6 +838,11 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary, Coordinator* coo
   summary->tensors = registry.size();
 
   ASSIGN_OR_RETURN(auto input, OpenInput(config, coordinator));
+  if (coordinator != nullptr) {
+    // The savers of the ranks save one checkpoint together (docs/distributed.md).
+    config.saver.coordinator = coordinator;
+    config.saver.coordination_timeout_secs = config.coordination_timeout_secs;
+  }
   // Every hook's save_secs timer reads the time the step ended, not its own moment inside
   // after_run: otherwise the memcpy or the save before a hook can push it past a trigger the
   // others missed, and model, input and yardstick go on saving at different steps.
