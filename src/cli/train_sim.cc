@@ -404,6 +404,11 @@ Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags,
       return Status::InvalidArgument(
           "--shard needs --checkpoint_dir: every rank writes into the same directory");
     }
+    if (config.saver_kind == "naive") {
+      return Status::InvalidArgument(
+          "--saver naive has no multi-process form (every rank would write the same files); "
+          "--shard takes async, sync or none");
+    }
     ASSIGN_OR_RETURN(
         config.coordination_timeout_secs,
         DoubleFlag(flags, "coordination_timeout_secs", 1e-3, 1e9, "a positive number of seconds"));

@@ -79,13 +79,14 @@ class TrainSimMpiTest : public CliFixture {
 
   // The flags every run shares: a small Adam model whose tensors (3 x 3 of 21847 f32 elements)
   // split unevenly over 2, 3 and 4 ranks, several chunks per slice.
-  std::vector<std::string> Flags(const std::string& dir, int64_t steps) const {
+  std::vector<std::string> Flags(const std::string& dir, int64_t steps,
+                                 const std::string& chunk_bytes = "16KiB") const {
     return {"train-sim",
             "--checkpoint_dir=" + dir,
             "--steps=" + std::to_string(steps),
             "--model_bytes=786492",  // 9 tensors x 21847 f32
             "--tensors=3",
-            "--chunk_bytes=16KiB",
+            "--chunk_bytes=" + chunk_bytes,
             "--save_steps=5",
             "--max_to_keep=3",
             "--dataset_records=200",
@@ -210,8 +211,7 @@ TEST_F(TrainSimMpiTest, KilledRankAndResumedJobEndsWithTheUninterruptedDigest) {
 
 TEST_F(TrainSimMpiTest, SavedOnFourRanksRestoresOnOneToFourRanksBitForBit) {
   // 4 KiB chunks: a rank's boundary chunks, read for a neighbour's rows too, stay small.
-  std::vector<std::string> flags = Flags(dir_, 20);
-  flags.push_back("--chunk_bytes=4KiB");
+  const std::vector<std::string> flags = Flags(dir_, 20, "4KiB");
   JobResult saved = RunSharded(4, flags, "saved");
   ASSERT_EQ(saved.exit_code, 0) << saved.out << saved.err;
   const std::string digest = Digest(saved);
