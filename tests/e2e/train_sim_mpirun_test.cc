@@ -164,7 +164,20 @@ TEST_F(TrainSimMpiTest, GlobalDigestDoesNotDependOnWorldSizeAndEqualsOneProcess)
   }
 }
 
-TEST_F(TrainSimMpiTest, KilledRankAndResumedJobEndsWithTheUninterruptedDigest) {
+// Whether a model save is in flight: its shared temporary directory exists.
+bool SaveInFlight(const std::string& dir) {
+  for (const std::string& name : Temporaries(dir)) {
+    if (name.rfind("model.ckpt-", 0) == 0) return true;
+  }
+  return false;
+}
+
+// The ranks SIGKILLed: one of them (the others must not hang), rank 0 (the committer), or every
+// rank at once (the whole job).
+class TrainSimMpiKillTest : public TrainSimMpiTest,
+                            public ::testing::WithParamInterface<std::vector<int>> {};
+
+TEST_P(TrainSimMpiKillTest, KilledAndResumedJobEndsWithTheUninterruptedDigest) {
   constexpr int64_t kSteps = 60;
   const std::string reference = ReferenceDigest(kSteps);
   ASSERT_FALSE(reference.empty());
@@ -173,24 +186,35 @@ TEST_F(TrainSimMpiTest, KilledRankAndResumedJobEndsWithTheUninterruptedDigest) {
   args.push_back("--shard");
   CliProcess job(Mpirun(4), args, Path("killed.out"), Path("killed.err"));
   ASSERT_TRUE(job.started());
-  // Kill rank 2 once the job has committed a checkpoint past its first save.
+  // Once a checkpoint past step 10 is committed, wait (up to 2 s) for the next save to be in
+  // flight, then kill.
   const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
-  std::optional<pid_t> victim;
-  bool killed = false;
+  std::optional<std::chrono::steady_clock::time_point> armed;
+  bool killed = false, mid_save = false;
   while (job.Running() && std::chrono::steady_clock::now() < deadline) {
-    if (!victim) victim = RankPid(job.err(), 2);
-    const std::vector<int64_t> steps = CommittedSteps(dir_, "model.ckpt");
-    if (victim && !steps.empty() && *std::max_element(steps.begin(), steps.end()) >= 10) {
-      ASSERT_EQ(::kill(*victim, SIGKILL), 0);
-      killed = true;
-      break;
+    std::vector<pid_t> victims;
+    for (int rank : GetParam()) {
+      if (auto pid = RankPid(job.err(), rank)) victims.push_back(*pid);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const std::vector<int64_t> steps = CommittedSteps(dir_, "model.ckpt");
+    if (!armed && victims.size() == GetParam().size() && !steps.empty() &&
+        *std::max_element(steps.begin(), steps.end()) >= 10) {
+      armed = std::chrono::steady_clock::now();
+    }
+    if (armed) {
+      mid_save = SaveInFlight(dir_);
+      if (mid_save || std::chrono::steady_clock::now() - *armed > std::chrono::seconds(2)) {
+        for (pid_t pid : victims) ASSERT_EQ(::kill(pid, SIGKILL), 0);
+        killed = true;
+        break;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   ASSERT_TRUE(killed) << "the job ended before a checkpoint past step 10\n" << job.err();
   // The survivors do not hang: mpirun ends the job.
   const std::optional<int> code = job.WaitFor(std::chrono::seconds(60));
-  ASSERT_TRUE(code.has_value()) << "the job hung after one rank was killed\n" << job.err();
+  ASSERT_TRUE(code.has_value()) << "the job hung after the kill\n" << job.err();
   EXPECT_NE(*code, 0);
   // The latest listed checkpoint is whole.
   auto latest = LatestCheckpoint(dir_);
@@ -200,6 +224,8 @@ TEST_F(TrainSimMpiTest, KilledRankAndResumedJobEndsWithTheUninterruptedDigest) {
   EXPECT_TRUE(reader.value()->verify().problems.empty());
   const int64_t killed_at = reader.value()->metadata().step;
   EXPECT_LT(killed_at, kSteps);
+  std::printf("killed %s a save, latest committed step %lld\n", mid_save ? "during" : "between",
+              static_cast<long long>(killed_at));
 
   JobResult resumed = RunSharded(4, Flags(dir_, kSteps), "resumed");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
@@ -207,6 +233,26 @@ TEST_F(TrainSimMpiTest, KilledRankAndResumedJobEndsWithTheUninterruptedDigest) {
   EXPECT_EQ(resumed.metrics.value("final_step", int64_t{0}), kSteps);
   EXPECT_EQ(Digest(resumed), reference) << "killed after step " << killed_at << "\n" << resumed.err;
   EXPECT_TRUE(Temporaries(dir_).empty()) << "the next start removes the killed save's debris";
+}
+
+INSTANTIATE_TEST_SUITE_P(Victims, TrainSimMpiKillTest,
+                         ::testing::Values(std::vector<int>{2}, std::vector<int>{0},
+                                           std::vector<int>{0, 1, 2, 3}),
+                         [](const ::testing::TestParamInfo<std::vector<int>>& info) {
+                           if (info.param.size() == 4) return std::string("WholeJob");
+                           return "Rank" + std::to_string(info.param[0]);
+                         });
+
+TEST_F(TrainSimMpiTest, ResumingTrainingOnMoreRanksThanSavedIsAClearError) {
+  JobResult saved = RunSharded(2, Flags(dir_, 10), "saved");
+  ASSERT_EQ(saved.exit_code, 0) << saved.out << saved.err;
+  JobResult more = RunSharded(4, Flags(dir_, 20), "more");
+  EXPECT_NE(more.exit_code, 0);
+  EXPECT_NE(more.err.find("cannot resume training on more"), std::string::npos) << more.err;
+  // Nothing saved is lost: the 2-rank job's checkpoints are all still there.
+  auto latest = LatestCheckpoint(dir_);
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_NE(latest->find("model.ckpt-10"), std::string::npos) << *latest;
 }
 
 TEST_F(TrainSimMpiTest, SavedOnFourRanksRestoresOnOneToFourRanksBitForBit) {
