@@ -32,7 +32,7 @@ void Append(std::vector<uint8_t>& bytes, const T& value) {
 
 template <typename T>
 bool Take(const std::vector<uint8_t>& bytes, size_t* at, T* value) {
-  if (bytes.size() - *at < sizeof(T) || *at > bytes.size()) return false;
+  if (*at > bytes.size() || bytes.size() - *at < sizeof(T)) return false;
   std::memcpy(value, bytes.data() + *at, sizeof(T));
   *at += sizeof(T);
   return true;
