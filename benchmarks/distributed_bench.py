@@ -109,6 +109,7 @@ def train_sim_flags(args, ckpt_dir, metrics):
     return ["train-sim", f"--checkpoint_dir={ckpt_dir}", f"--model_bytes={args.state}",
             f"--tensors={args.tensors}", f"--steps={args.steps}",
             f"--save_steps={args.save_steps}", f"--step_ms={args.step_ms}",
+            f"--chunk_bytes={args.chunk_bytes}",
             "--compression=none", "--max_to_keep=2", "--quiet", f"--metrics_json={metrics}"]
 
 
@@ -164,7 +165,8 @@ def markdown(report):
              f"{report['machine'].get('cpu', '?')}; {report['machine'].get('mpi', '')}; "
              f"{report['machine']['date']}, commit {report['machine'].get('commit', '?')}", "",
              f"State {a['state'] // MiB} MiB ({a['tensors']} tensors x 3 Adam slots, f32), "
-             f"{a['steps']} steps, a save every {a['save_steps']}, raw. Raw write limit "
+             f"{a['steps']} steps, a save every {a['save_steps']}, raw, "
+             f"{a['chunk_bytes'] // 1024} KiB chunks. Raw write limit "
              f"{report['limit']['write_bytes_per_second'] / MiB:.0f} MiB/s "
              f"(io_limits, QD {report['limit']['queue_depth']}).", "",
              "## Saves", "",
@@ -210,6 +212,9 @@ def main():
     p.add_argument("--steps", default=20, type=int)
     p.add_argument("--save-steps", default=5, type=int)
     p.add_argument("--step-ms", default=0, type=float)
+    # Smaller than train-sim's 4 MiB: a rank restoring a box reads whole chunks, so the chunk
+    # size bounds what it reads beyond its share (at most one chunk at each end of a slice).
+    p.add_argument("--chunk-bytes", default=1 << 20, type=parse_bytes)
     p.add_argument("--timeout", default=900, type=int)
     p.add_argument("--command", default="benchmarks/distributed_bench.py")
     args = p.parse_args()
@@ -218,6 +223,7 @@ def main():
 
     report = {"command": args.command, "machine": machine(),
               "args": {"state": args.state, "tensors": args.tensors, "ranks": ranks,
+                       "chunk_bytes": args.chunk_bytes,
                        "steps": args.steps, "save_steps": args.save_steps,
                        "step_ms": args.step_ms},
               "limit": write_limit(args), "runs": [], "restores": []}
