@@ -373,12 +373,11 @@ TEST_F(ShardedEngineTest, WithoutRankZeroTheOthersFailWithinTheTimeout) {
     ASSERT_EQ(done.size(), 1u);
     EXPECT_FALSE(done[0].status.ok());
     EXPECT_EQ(done[0].failed_rank, 0);
-    EXPECT_NE(done[0].status.message().find("no commit from rank 0 within 0.5 s"),
-              std::string::npos)
+    EXPECT_NE(done[0].status.message().find("no commit from rank 0 within 1 s"), std::string::npos)
         << done[0].status.ToString();
   }
-  EXPECT_GE(took, timeout);
-  EXPECT_LT(took, timeout + 10) << "bounded by the timeout, not hung";
+  EXPECT_GE(took, 2 * timeout);
+  EXPECT_LT(took, 2 * timeout + 10) << "bounded by the timeout, not hung";
   EXPECT_FALSE(fs::exists(dir_ + "/model.ckpt-3"));
 }
 
