@@ -221,7 +221,18 @@ ShardCommitResult Share::Lead(CheckpointManager& manager, const MergeShardPartsF
   // 4. The usual commit: the directory, then the state file and retention (rank 0 alone).
   const Status moved =
       CommitDirectory(fs_, request_.checkpoint_dir, request_.tmp_name, request_.final_name);
-  if (!moved.ok()) return Abort(0, Own(moved));
+  if (!moved.ok()) {
+    // A failure after the rename (syncing the parent) leaves the checkpoint in place, and the
+    // other ranks see it committed: say so too, unrecorded (the next start lists it again).
+    Result<bool> pending = Exists(fs_, tmp_path_);
+    Result<bool> visible =
+        Exists(fs_, JoinCheckpointPath(
+                        JoinCheckpointPath(request_.checkpoint_dir, request_.final_name), "index"));
+    if (pending.ok() && !*pending && visible.ok() && *visible) {
+      return {Own(moved).WithContext(request_.final_name), true, -1};
+    }
+    return Abort(0, Own(moved));
+  }
   ShardCommitResult result;
   result.committed = true;
   result.status = manager.RecordCommitted(request_.final_name, request_.wall_time)

@@ -92,7 +92,8 @@ struct ShardCommitRequest {
 struct ShardCommitResult {
   /// OK when committed (and, on rank 0, recorded); else why, naming the failing rank.
   Status status;
-  /// True once the checkpoint is visible under its final name.
+  /// True once the checkpoint is visible under its final name (on rank 0 also with a failed
+  /// status when only the state file update, or the sync after the rename, failed).
   bool committed = false;
   /// The rank whose failure failed the save; -1 when committed, or when no rank is to blame
   /// for a failure after the commit (the state file update).

@@ -275,6 +275,48 @@ TEST_F(ShardedCommitTest, AFailedIndexWriteOnRankZeroReachesTheOthers) {
   EXPECT_FALSE(fs::exists(dir_ + "/model.ckpt-7"));
 }
 
+// One fault at every counted operation of one rank's share in turn (rank 0's, then rank 1's):
+// the ranks always agree on the outcome, a failure commits nothing and blames the faulted rank,
+// and no rank waits out its timeout (the failure is always published).
+TEST_F(ShardedCommitTest, AFaultAtAnyOperationOfEitherRankLeavesTheRanksAgreeing) {
+  for (uint32_t faulted = 0; faulted < 2; ++faulted) {
+    for (uint64_t n = 1;; ++n) {
+      SCOPED_TRACE("fault at operation " + std::to_string(n) + " of rank " +
+                   std::to_string(faulted));
+      fs::remove_all(dir_);
+      fs::create_directory(dir_);
+      io::FaultInjectionFileSystem faulty(posix_.get());
+      CheckpointManager manager(faulted == 0 ? static_cast<io::FileSystem*>(&faulty) : posix_.get(),
+                                dir_, "model.ckpt", 0, 0, SystemClockSeconds);
+      std::vector<std::function<ShardCommitResult()>> ranks;
+      for (uint32_t r = 0; r < 2; ++r) {
+        io::FileSystem* fs = r == faulted ? &faulty : posix_.get();
+        ranks.push_back([&, fs, r, n] {
+          ShardCommitRequest request = Prepare(*fs, r, 2, 20);
+          if (r == faulted) faulty.fail_at(n, EIO);
+          return CommitShard(*fs, manager, std::move(request), Concatenate);
+        });
+      }
+      const auto start = SteadyClock::now();
+      auto results = RunRanks(ranks);
+      EXPECT_LT(SecondsSince(start), 10) << "a rank waited for a failure nobody published";
+      const bool injected = faulty.injected_count() > 0;
+      EXPECT_EQ(results[0].committed, results[1].committed)
+          << results[0].status.ToString() << " / " << results[1].status.ToString();
+      EXPECT_EQ(fs::exists(dir_ + "/model.ckpt-7/index"), results[1].committed);
+      if (!results[1].committed) {
+        for (const auto& result : results) {
+          EXPECT_FALSE(result.status.ok());
+          EXPECT_EQ(result.failed_rank, static_cast<int>(faulted)) << result.status.ToString();
+          EXPECT_NE(result.status.message().find("injected fault"), std::string::npos)
+              << result.status.ToString();
+        }
+      }
+      if (!injected) break;
+    }
+  }
+}
+
 TEST_F(ShardedCommitTest, TheNextStartRemovesAFailedSavesTemporaryDirectory) {
   RunRanks(
       {[&] { return FailShard(*posix_, Prepare(*posix_, 0, 2, 30), Status::IOError("gone")); }});
