@@ -98,15 +98,17 @@ function(asyncckpt_add_test source)
 endfunction()
 
 # MPI (asyncckpt::mpi, the MpiCoordinator, and the tests run under mpirun) is built when found,
-# unless ASYNCCKPT_MPI is turned off; ON with no MPI is an error. Only the C API is used: the
-# deprecated C++ bindings (libmpi_cxx) are kept out of every translation unit.
+# unless ASYNCCKPT_MPI is turned off; ON with no MPI is an error. The CXX component, so that a
+# C++-only consumer finds it too (the C component needs the C language enabled), without the
+# deprecated C++ bindings (libmpi_cxx): only MPI's C API is used.
 macro(asyncckpt_find_mpi)
-  find_package(MPI QUIET COMPONENTS C)
+  set(MPI_CXX_SKIP_MPICXX ON)
+  find_package(MPI QUIET COMPONENTS CXX)
   option(ASYNCCKPT_MPI "Build asyncckpt::mpi (MpiCoordinator) and its mpirun tests (on when MPI is found)"
-         ${MPI_C_FOUND})
+         ${MPI_CXX_FOUND})
   set(ASYNCCKPT_WITH_MPI OFF)
   if(ASYNCCKPT_MPI)
-    if(NOT MPI_C_FOUND)
+    if(NOT MPI_CXX_FOUND)
       message(FATAL_ERROR "ASYNCCKPT_MPI=ON but MPI was not found: install libopenmpi-dev and "
                           "openmpi-bin (scripts/setup.sh does), or configure with -DASYNCCKPT_MPI=OFF")
     endif()
@@ -121,7 +123,7 @@ macro(asyncckpt_find_mpi)
       # background threads no core of their own.
       set(ASYNCCKPT_MPIEXEC_FLAGS --oversubscribe --allow-run-as-root --bind-to none)
     endif()
-    message(STATUS "asyncckpt: MPI enabled (${MPI_C_LIBRARY_VERSION_STRING}), tests run by "
+    message(STATUS "asyncckpt: MPI enabled (MPI ${MPI_CXX_VERSION}), tests run by "
                    "${MPIEXEC_EXECUTABLE}")
   else()
     message(STATUS "asyncckpt: MPI disabled; asyncckpt::mpi and the mpi tests are not built")

@@ -100,6 +100,10 @@ struct SaverOptions {
   /// written by the lowest), every rank shares checkpoint_dir, and the hook's begin(), and its
   /// after_run under save_secs, are collectives every rank reaches in the same order (rank 0's
   /// clock decides when to save). The registry is read at begin(). on_busy must be kWait.
+  /// Every rank must also stop at the same step (e.g. at a fixed last step): a stop that one
+  /// rank requests alone (a listener's, or OnError::kStop's, which each rank hears of at its
+  /// own after_run) is not agreed, and the final saves of different steps fail after
+  /// coordination_timeout_secs.
   Coordinator* coordinator = nullptr;
   /// Multi-process jobs: how long a rank waits for the others during a save's commit before
   /// that save fails on it (seconds, > 0).

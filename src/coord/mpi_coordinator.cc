@@ -63,7 +63,10 @@ class MpiCoordinator final : public Coordinator {
     if (rank_ == root) {
       const uint64_t length = bytes.size();
       std::memcpy(header, &length, sizeof(length));
-      std::memcpy(header + sizeof(length), bytes.data(), std::min(bytes.size(), kInlineBytes));
+      // Guarded: memcpy from the null data() of an empty vector is undefined, even of 0 bytes.
+      if (!bytes.empty()) {
+        std::memcpy(header + sizeof(length), bytes.data(), std::min(bytes.size(), kInlineBytes));
+      }
     }
     MPI_Request request = MPI_REQUEST_NULL;
     if (Status s = MpiStatus(MPI_Ibcast(header, kHeaderBytes, MPI_BYTE, root, comm_, &request),
@@ -76,7 +79,10 @@ class MpiCoordinator final : public Coordinator {
     std::memcpy(&length, header, sizeof(length));
     if (rank_ != root) {
       bytes.resize(length);
-      std::memcpy(bytes.data(), header + sizeof(length), std::min<uint64_t>(length, kInlineBytes));
+      if (length > 0) {
+        std::memcpy(bytes.data(), header + sizeof(length),
+                    std::min<uint64_t>(length, kInlineBytes));
+      }
     }
     // The rest, in pieces an int can count.
     for (uint64_t done = kInlineBytes; done < length;) {

@@ -1,9 +1,8 @@
-// The saver hooks in a job of several processes (mpirun -np 2 and -np 4), over MpiCoordinator:
+// The saver hooks in a job of several processes (mpirun -np 2 and -np 4), over MpiCoordinator,
+// every rank saving into one shared checkpoint_dir: sharded saves commit once for the job,
 // save_secs saves the same steps on every rank whatever each rank's clock says, replicas are
-// written once, and a start that fails on one rank fails on every rank, naming it.
-//
-// Until the engine's sharded commit lands, every rank commits its part as a checkpoint of its
-// own, so each rank's checkpoint_dir is a directory of its own under the job's shared one.
+// written once (by the lowest rank holding them), and a start that fails on one rank fails on
+// every rank, naming it.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -13,6 +12,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "asyncckpt/mpi_coordinator.h"
 #include "asyncckpt/saver_hook.h"
 #include "asyncckpt/timer.h"
+#include "src/format/format.h"
 
 namespace asyncckpt {
 namespace {
@@ -83,15 +85,9 @@ class SaverMpiTest : public ::testing::TestWithParam<bool> {
     if (rank_ == 0) fs::remove_all(job_dir_);
   }
 
-  std::string RankDir() const {
-    const std::string dir = job_dir_ + "/rank-" + std::to_string(rank_);
-    fs::create_directories(dir);
-    return dir;
-  }
-
   SaverOptions Options() const {
     SaverOptions options;
-    options.checkpoint_dir = RankDir();
+    options.checkpoint_dir = job_dir_ + "/ckpt";
     options.coordinator = coordinator_.get();
     options.force_posix_io = true;
     options.use_o_direct = false;
@@ -121,7 +117,7 @@ class SaverMpiTest : public ::testing::TestWithParam<bool> {
     if (!gathered.ok()) return all;
     for (const auto& b : *gathered) {
       std::vector<int64_t> s(b.size() / sizeof(int64_t));
-      std::memcpy(s.data(), b.data(), s.size() * sizeof(int64_t));
+      if (!s.empty()) std::memcpy(s.data(), b.data(), s.size() * sizeof(int64_t));
       all.push_back(std::move(s));
     }
     return all;
@@ -164,6 +160,13 @@ TEST_P(SaverMpiTest, SaveSecsWithASkewedClockSavesTheSameStepsOnEveryRank) {
     ASSERT_TRUE((*hook)->after_run(context, RunValues{}).ok()) << "step " << step;
   }
   ASSERT_TRUE((*hook)->end(kSteps).ok());
+  const SaverTotals totals = GetParam() ? static_cast<AsyncCheckpointSaverHook&>(**hook).totals()
+                                        : static_cast<CheckpointSaverHook&>(**hook).totals();
+  EXPECT_EQ(totals.saves_committed, 7);
+  EXPECT_EQ(totals.saves_failed, 0);
+  for (const SaveStats& stats : totals.saves) {
+    EXPECT_TRUE(stats.status.ok()) << "step " << stats.step << ": " << stats.status.ToString();
+  }
 
   // Rank 0's clock alone: steps 0, 4, 8, 12, 16, 20, then the end's save of step 21.
   EXPECT_THAT(recorder.steps, ::testing::ElementsAre(0, 4, 8, 12, 16, 20, 21));
@@ -218,6 +221,27 @@ TEST_P(SaverMpiTest, ReplicasAreLeftOutOfEveryRankButTheLowestHoldingThem) {
   // others only w.
   const uint64_t expected = rank_ == 0 ? 16 + 40 + 24 : rank_ == 1 ? 40 + 24 : 40;
   EXPECT_EQ(totals.saves[0].bytes_raw, expected);
+
+  // The job's one committed index: one slice per distinct box, written by the lowest rank
+  // holding it.
+  const std::string index_path = job_dir_ + "/ckpt/model.ckpt-0/index";
+  std::ifstream in(index_path, std::ios::binary);
+  const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                                   std::istreambuf_iterator<char>());
+  const Result<format::Index> index = format::ParseIndex(bytes, index_path);
+  ASSERT_TRUE(index.ok()) << index.status().ToString();
+  EXPECT_TRUE(index->sharded);
+  EXPECT_EQ(index->world_size, static_cast<uint32_t>(size));
+  std::map<std::pair<std::string, int64_t>, uint32_t> writers;
+  for (const format::TensorEntry& entry : index->tensors) {
+    const int64_t first = entry.box_offset.empty() ? 0 : entry.box_offset[0];
+    EXPECT_TRUE(writers.emplace(std::pair(entry.name, first), entry.writer_rank).second)
+        << entry.name << " at " << first << " is in the index twice";
+  }
+  std::map<std::pair<std::string, int64_t>, uint32_t> expected_writers = {
+      {{"bias", 0}, 0}, {{"pair", 0}, 0}, {{"pair", 6}, 1}};
+  for (int r = 0; r < size; ++r) expected_writers[{"w", 10 * r}] = static_cast<uint32_t>(r);
+  EXPECT_EQ(writers, expected_writers);
 }
 
 TEST_P(SaverMpiTest, InconsistentRegistriesFailBeginOnEveryRankNamingTensorAndRanks) {
@@ -256,6 +280,32 @@ TEST_P(SaverMpiTest, RankZerosFailedStartFailsBeginOnEveryRank) {
   EXPECT_FALSE(begun.ok());
   EXPECT_THAT(begun.message(), HasSubstr("rank 0 could not start"));
   EXPECT_THAT(begun.message(), HasSubstr("not-a-directory"));
+}
+
+TEST_P(SaverMpiTest, RankZeroAloneRemovesStaleTemporariesBeforeAnyRankWrites) {
+  SaverOptions options = Options();
+  options.save_steps = 10;
+  // A save of step 5 that an earlier job left half-written: its shared temporary directory
+  // with one rank's data file.
+  const std::string stale = options.checkpoint_dir + "/model.ckpt-5.tmp-0123456789abcdef";
+  if (rank_ == 0) {
+    fs::create_directories(stale);
+    std::ofstream(stale + "/data-00000-of-00002") << "partial";
+  }
+  std::vector<float> w(4);
+  TensorRegistry registry;
+  ASSERT_TRUE(registry.add(Ref("w", DType::kF32, {4}, w.data(), 16)).ok());
+  Recorder recorder;
+  Result<std::unique_ptr<SessionRunHook>> hook = MakeHook(options, &registry, &recorder);
+  ASSERT_TRUE(hook.ok());
+  ASSERT_TRUE((*hook)->begin().ok());
+  EXPECT_FALSE(fs::exists(stale));
+  const SaverTotals totals = GetParam() ? static_cast<AsyncCheckpointSaverHook&>(**hook).totals()
+                                        : static_cast<CheckpointSaverHook&>(**hook).totals();
+  // Reported once, by the rank that removed it.
+  EXPECT_EQ(totals.stale_temporaries_removed.size(), rank_ == 0 ? 1u : 0u);
+  ASSERT_TRUE((*hook)->after_create_session(0).ok());
+  ASSERT_TRUE((*hook)->end(0).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(SyncAndAsync, SaverMpiTest, ::testing::Bool(),
