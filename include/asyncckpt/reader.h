@@ -16,22 +16,50 @@
 
 namespace asyncckpt {
 
-/// What the index says about one tensor.
-struct TensorInfo {
-  /// The tensor's name.
-  std::string name;
-  /// Element type.
-  DType dtype = DType::kF32;
-  /// Dimensions.
+/// One slice of a tensor in a sharded checkpoint: a box of the global tensor, written by one rank.
+struct SliceInfo {
+  /// The box's first index in each global dimension.
+  std::vector<int64_t> offset;
+  /// The box's extent in each dimension.
   std::vector<int64_t> shape;
+  /// The rank that wrote it (the lowest rank holding the box).
+  uint32_t writer_rank = 0;
   /// Raw size in bytes.
   uint64_t bytes = 0;
   /// Bytes it takes in the data files.
   uint64_t stored_bytes = 0;
   /// Number of chunks.
   uint64_t num_chunks = 0;
+};
+
+/// What the index says about one tensor (in a sharded checkpoint: the global tensor).
+struct TensorInfo {
+  /// The tensor's name.
+  std::string name;
+  /// Element type.
+  DType dtype = DType::kF32;
+  /// Dimensions (sharded: of the global tensor).
+  std::vector<int64_t> shape;
+  /// Raw size in bytes (sharded: of the global tensor).
+  uint64_t bytes = 0;
+  /// Bytes it takes in the data files (sharded: all slices).
+  uint64_t stored_bytes = 0;
+  /// Number of chunks (sharded: all slices).
+  uint64_t num_chunks = 0;
   /// Chunks per codec name ("raw", "zstd", "shuffle+zstd").
   std::map<std::string, uint64_t> chunks_by_codec;
+  /// Sharded checkpoints: the slices that tile `shape`, in index order (rank order). Empty for
+  /// an unsharded checkpoint.
+  std::vector<SliceInfo> slices;
+};
+
+/// What a reader has read from the data files since it was opened (a resharded restore reads
+/// only the chunks that overlap its boxes; this says how much that was).
+struct ReadStats {
+  /// Bytes read from the data files (whole reads, including gaps and O_DIRECT alignment).
+  uint64_t bytes_read = 0;
+  /// Chunks read, decoded and checksummed.
+  uint64_t chunks_read = 0;
 };
 
 /// Options for opening a checkpoint.
@@ -106,12 +134,31 @@ class CheckpointReader {
   virtual const TensorInfo* find(const std::string& name) const = 0;
   /// Number of data files.
   virtual uint32_t num_data_files() const = 0;
+  /// Whether the checkpoint was written by the processes of a multi-process job (its tensors
+  /// then have slices, TensorInfo::slices).
+  virtual bool sharded() const = 0;
+  /// Processes that wrote the checkpoint (1 when not sharded).
+  virtual uint32_t world_size() const = 0;
+  /// What this reader has read so far; safe to call while reads run.
+  virtual ReadStats read_stats() const = 0;
 
-  /// Reads tensor `name` into host memory `dst` of `dst_bytes` (must equal the tensor's size),
-  /// verifying every chunk's checksum. ResourceExhausted when scratch memory runs out.
+  /// Reads tensor `name` into host memory `dst` of `dst_bytes` (must equal the tensor's size;
+  /// sharded: the global tensor, assembled from its slices), verifying every chunk's checksum.
+  /// ResourceExhausted when scratch memory runs out.
   virtual Status read(const std::string& name, void* dst, size_t dst_bytes) = 0;
-  /// Restores every tensor of `registry` from the checkpoint: names, dtypes and shapes must
-  /// match; device tensors are written through their device.
+  /// Reads the box [offset, offset + shape) of tensor `name` (the global tensor in a sharded
+  /// checkpoint; works on any checkpoint) into host memory `dst` of `dst_bytes` (the box's
+  /// elements × dtype size), row-major in the box. Reads and decodes only the chunks that
+  /// overlap the box, verifying each one's checksum. NotFound for an unknown tensor;
+  /// InvalidArgument naming the tensor for a box of another rank or outside its shape, or a
+  /// destination of another size.
+  virtual Status read_box(const std::string& name, const std::vector<int64_t>& offset,
+                          const std::vector<int64_t>& shape, void* dst, size_t dst_bytes) = 0;
+  /// Restores every tensor of `registry` from the checkpoint: names and dtypes must match. A
+  /// shard (TensorRef::global_shape set) gets its box of the tensor, whose global shape must be
+  /// its global_shape; any other TensorRef gets the whole tensor, whose (global) shape must be
+  /// its shape. So a checkpoint restores onto any number of processes, each reading only the
+  /// chunks its boxes overlap. Device tensors are written through their device.
   virtual Status restore(const TensorRegistry& registry) = 0;
   /// Reads, decodes and checksums every chunk; the report lists all damage found (and a chunk
   /// that could not be checked for want of memory, as a problem).

@@ -64,8 +64,11 @@ class FilePlanner {
   }
 
   bool ContinuesInPlace(const Item& item) const {
+    // Box reads give each chunk its own destination: neighbours in the file and the tensor
+    // may still land apart in the caller's buffer.
     return item.tensor == tensor_ && item.file_offset == end_ &&
            item.tensor_offset == tensor_end_ &&
+           item.destination == current_.target + (item.file_offset - current_.offset) &&
            end_ + item.stored_bytes - current_.offset <= options_.max_extent_bytes;
   }
 
@@ -116,17 +119,28 @@ class FilePlanner {
 
 std::vector<Extent> PlanReads(const format::Index& index, std::span<const TensorRequest> requests,
                               const PlanOptions& options) {
-  std::vector<std::vector<Item>> per_file(index.num_data_files);
+  std::vector<ChunkRequest> chunks;
   for (const TensorRequest& request : requests) {
     const format::TensorEntry& tensor = index.tensors[request.tensor];
     for (size_t i = 0; i < tensor.chunks.size(); ++i) {
-      const format::ChunkEntry& c = tensor.chunks[i];
-      uint8_t* destination =
-          request.destination == nullptr ? nullptr : request.destination + c.tensor_offset;
-      per_file[c.file_index].push_back({request.tensor, i, c.file_offset, c.stored_bytes,
-                                        c.tensor_offset, destination,
-                                        c.codec == codec::Codec::kRaw});
+      uint8_t* destination = request.destination == nullptr
+                                 ? nullptr
+                                 : request.destination + tensor.chunks[i].tensor_offset;
+      chunks.push_back({request.tensor, i, destination});
     }
+  }
+  return PlanChunkReads(index, chunks, options);
+}
+
+std::vector<Extent> PlanChunkReads(const format::Index& index,
+                                   std::span<const ChunkRequest> requests,
+                                   const PlanOptions& options) {
+  std::vector<std::vector<Item>> per_file(index.num_data_files);
+  for (const ChunkRequest& request : requests) {
+    const format::ChunkEntry& c = index.tensors[request.tensor].chunks[request.chunk];
+    per_file[c.file_index].push_back({request.tensor, request.chunk, c.file_offset, c.stored_bytes,
+                                      c.tensor_offset, request.destination,
+                                      c.codec == codec::Codec::kRaw});
   }
   std::vector<Extent> extents;
   for (uint32_t file = 0; file < per_file.size(); ++file) {

@@ -53,6 +53,16 @@ struct TensorRequest {
   uint8_t* destination = nullptr;
 };
 
+/// One chunk to read and where its raw bytes go (null: nowhere, the caller decodes into scratch).
+struct ChunkRequest {
+  /// Index into Index::tensors.
+  size_t tensor = 0;
+  /// Index into that tensor's chunks.
+  size_t chunk = 0;
+  /// Where all of its raw bytes go, or null.
+  uint8_t* destination = nullptr;
+};
+
 /// How to plan.
 struct PlanOptions {
   /// Per data file: true when an O_DIRECT handle is open for it.
@@ -72,5 +82,11 @@ struct PlanOptions {
 /// that every data file is read front to back at once. Every chunk appears in exactly one extent.
 std::vector<Extent> PlanReads(const format::Index& index, std::span<const TensorRequest> requests,
                               const PlanOptions& options);
+
+/// PlanReads for single chunks (a box of a tensor needs only the chunks that overlap it); each
+/// chunk at most once in `requests`.
+std::vector<Extent> PlanChunkReads(const format::Index& index,
+                                   std::span<const ChunkRequest> requests,
+                                   const PlanOptions& options);
 
 }  // namespace asyncckpt::reader

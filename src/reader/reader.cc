@@ -3,12 +3,16 @@
 #include <oneapi/tbb/enumerable_thread_specific.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <functional>
 #include <iterator>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <tuple>
 #include <unordered_map>
@@ -104,6 +108,131 @@ Status StatusOfCurrentException(Describe&& what) noexcept {
   }
 }
 
+// The part of one slice that a box needs, and where it goes in the box's row-major buffer.
+// The slice's raw bytes are seen as rows: a row holds the slice's dimensions from `k` on, where
+// every dimension after k is whole in both the slice and the box, so that the box's bytes in a
+// row it touches are one run, [run_begin, run_begin + run_bytes) of the row, contiguous in the
+// destination too. The outer dimensions [0, k) say which rows the box touches.
+struct SliceCut {
+  size_t entry = 0;                  // index into Index::tensors
+  std::vector<int64_t> outer_shape;  // the slice's dimensions [0, k)
+  std::vector<int64_t> first;        // the box's first row index in each, slice coordinates
+  std::vector<int64_t> extent;       // the box's extent in each
+  std::vector<uint64_t> dst_stride;  // destination bytes per step in each
+  uint64_t row_bytes = 0;
+  uint64_t run_begin = 0;
+  uint64_t run_bytes = 0;
+  uint64_t band_begin = 0;  // rows that can hold box bytes: those of the box's rows in dim 0
+  uint64_t band_end = 0;
+  uint8_t* dst_base = nullptr;  // where the box's first byte in this slice goes
+};
+
+// The cut of slice `t` by the box [box_first, box_first + box_shape) whose bytes go to `dst`,
+// or nothing when they share no element. The box lies inside t's global shape (checked).
+std::optional<SliceCut> CutSlice(size_t entry, const TensorEntry& t,
+                                 const std::vector<int64_t>& box_first,
+                                 const std::vector<int64_t>& box_shape, uint8_t* dst) {
+  const size_t rank = t.shape.size();
+  const uint64_t elem = DTypeSize(t.dtype);
+  std::vector<int64_t> lo(rank), extent(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    lo[d] = std::max(t.box_offset[d], box_first[d]);
+    const int64_t hi = std::min(t.box_offset[d] + t.shape[d], box_first[d] + box_shape[d]);
+    if (hi <= lo[d]) return std::nullopt;
+    extent[d] = hi - lo[d];
+  }
+  std::vector<uint64_t> box_stride(rank, 1);  // elements
+  for (size_t d = rank; d-- > 1;) {
+    box_stride[d - 1] = box_stride[d] * static_cast<uint64_t>(box_shape[d]);
+  }
+  SliceCut cut;
+  cut.entry = entry;
+  size_t k = rank == 0 ? 0 : rank - 1;
+  while (k > 0 && extent[k] == t.shape[k] && extent[k] == box_shape[k]) --k;
+  uint64_t inner = elem;  // bytes of one step in dimension k
+  for (size_t d = k + 1; d < rank; ++d) inner *= static_cast<uint64_t>(t.shape[d]);
+  if (rank == 0) {
+    cut.row_bytes = cut.run_bytes = elem;
+  } else {
+    cut.row_bytes = static_cast<uint64_t>(t.shape[k]) * inner;
+    cut.run_begin = static_cast<uint64_t>(lo[k] - t.box_offset[k]) * inner;
+    cut.run_bytes = static_cast<uint64_t>(extent[k]) * inner;
+  }
+  for (size_t d = 0; d < k; ++d) {
+    cut.outer_shape.push_back(t.shape[d]);
+    cut.first.push_back(lo[d] - t.box_offset[d]);
+    cut.extent.push_back(extent[d]);
+    cut.dst_stride.push_back(box_stride[d] * elem);
+  }
+  if (k == 0) {
+    cut.band_end = 1;
+  } else {
+    uint64_t rows_per_step = 1;  // rows per index of dimension 0
+    for (size_t d = 1; d < k; ++d) rows_per_step *= static_cast<uint64_t>(t.shape[d]);
+    cut.band_begin = static_cast<uint64_t>(cut.first[0]) * rows_per_step;
+    cut.band_end = static_cast<uint64_t>(cut.first[0] + cut.extent[0]) * rows_per_step;
+  }
+  uint64_t dst_offset = 0;
+  for (size_t d = 0; d < rank; ++d) {
+    dst_offset += static_cast<uint64_t>(lo[d] - box_first[d]) * box_stride[d];
+  }
+  cut.dst_base = dst + dst_offset * elem;
+  return cut;
+}
+
+// Calls fn(slice_byte, length, destination) for every piece of the slice's bytes [a, b) that
+// belongs to the box, in order, until fn returns false. Work: one step per row of [a, b)
+// inside the box's band.
+template <typename Fn>
+void ForEachPiece(const SliceCut& cut, uint64_t a, uint64_t b, Fn&& fn) {
+  if (b <= a) return;
+  const uint64_t r0 = std::max(a / cut.row_bytes, cut.band_begin);
+  const uint64_t r1 = std::min((b - 1) / cut.row_bytes + 1, cut.band_end);
+  const size_t k = cut.outer_shape.size();
+  for (uint64_t r = r0; r < r1; ++r) {
+    uint64_t rest = r;
+    uint8_t* dst = cut.dst_base;
+    bool inside = true;
+    for (size_t d = k; d-- > 0;) {
+      const uint64_t dim = static_cast<uint64_t>(cut.outer_shape[d]);
+      const int64_t index = static_cast<int64_t>(rest % dim);
+      rest /= dim;
+      if (index < cut.first[d] || index >= cut.first[d] + cut.extent[d]) {
+        inside = false;
+        break;
+      }
+      dst += static_cast<uint64_t>(index - cut.first[d]) * cut.dst_stride[d];
+    }
+    if (!inside) continue;
+    const uint64_t begin = r * cut.row_bytes + cut.run_begin;
+    const uint64_t from = std::max(begin, a);
+    const uint64_t to = std::min(begin + cut.run_bytes, b);
+    if (from < to && !fn(from, to - from, dst + (from - begin))) return;
+  }
+}
+
+// "[4:7, 0:8]": a box as first:end per dimension.
+std::string DescribeBox(const std::vector<int64_t>& first, const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size() && i < first.size(); ++i) {
+    int64_t end = 0;
+    const bool fits = !__builtin_add_overflow(first[i], shape[i], &end);
+    out += (i ? ", " : "") + std::to_string(first[i]) + ":" +
+           (fits ? std::to_string(end) : std::string("overflow"));
+  }
+  return out + "]";
+}
+
+// A box of one tensor to read, and where to.
+struct BoxRequest {
+  const std::string* name = nullptr;
+  const std::vector<int64_t>* first = nullptr;
+  const std::vector<int64_t>* shape = nullptr;
+  uint8_t* dst = nullptr;
+  size_t dst_bytes = 0;
+  bool whole = false;  // read(): the whole tensor, for its messages
+};
+
 class CheckpointReaderImpl final : public CheckpointReader {
  public:
   static Result<std::unique_ptr<CheckpointReader>> Open(const std::string& path,
@@ -127,6 +256,12 @@ class CheckpointReaderImpl final : public CheckpointReader {
   const CheckpointMetadata& metadata() const override { return index_.metadata; }
   const std::vector<TensorInfo>& tensors() const override { return infos_; }
   uint32_t num_data_files() const override { return index_.num_data_files; }
+  bool sharded() const override { return index_.sharded; }
+  uint32_t world_size() const override { return index_.sharded ? index_.world_size : 1; }
+  ReadStats read_stats() const override {
+    return ReadStats{bytes_read_.load(std::memory_order_relaxed),
+                     chunks_read_.load(std::memory_order_relaxed)};
+  }
 
   const TensorInfo* find(const std::string& name) const override {
     auto it = by_name_.find(name);
@@ -140,6 +275,20 @@ class CheckpointReaderImpl final : public CheckpointReader {
       return StatusOfCurrentException([&] {
         return "reading tensor " + Quote(name) + " of " + DescribeBytes(dst_bytes) + " from " +
                path_;
+      });
+    }
+  }
+
+  Status read_box(const std::string& name, const std::vector<int64_t>& offset,
+                  const std::vector<int64_t>& shape, void* dst, size_t dst_bytes) override {
+    try {
+      const BoxRequest request{&name,     &offset, &shape, static_cast<uint8_t*>(dst),
+                               dst_bytes, false};
+      return ReadBoxes({&request, 1});
+    } catch (...) {
+      return StatusOfCurrentException([&] {
+        return "reading a box of tensor " + Quote(name) + " of " + DescribeBytes(dst_bytes) +
+               " from " + path_;
       });
     }
   }
@@ -175,17 +324,97 @@ class CheckpointReaderImpl final : public CheckpointReader {
     auto it = by_name_.find(name);
     if (it == by_name_.end())
       return Status::NotFound("no tensor named " + Quote(name) + " in " + path_);
-    const TensorEntry& tensor = index_.tensors[it->second.entry];
-    if (dst_bytes != tensor.bytes) {
-      return Status::InvalidArgument("tensor " + Quote(name) + " in " + path_ + " holds " +
-                                     std::to_string(tensor.bytes) + " bytes; the destination has " +
-                                     std::to_string(dst_bytes));
+    const std::vector<int64_t>& shape = infos_[it->second.info].shape;
+    const std::vector<int64_t> first(shape.size(), 0);
+    const BoxRequest request{&name, &first, &shape, static_cast<uint8_t*>(dst), dst_bytes, true};
+    return ReadBoxes({&request, 1});
+  }
+
+  // Checks a box request against its tensor; the tensor exists.
+  Status CheckBox(const BoxRequest& request, const TensorInfo& info) const {
+    const std::vector<int64_t>& first = *request.first;
+    const std::vector<int64_t>& shape = *request.shape;
+    const std::string what = "tensor " + Quote(info.name) + " in " + path_;
+    if (first.size() != info.shape.size() || shape.size() != info.shape.size()) {
+      return Status::InvalidArgument("a box with offset of rank " + std::to_string(first.size()) +
+                                     " and shape of rank " + std::to_string(shape.size()) +
+                                     " does not fit " + what + " of shape " +
+                                     DescribeShape(info.shape));
     }
-    if (tensor.bytes > 0 && dst == nullptr) {
-      return Status::InvalidArgument("null destination for tensor " + Quote(name));
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (first[d] < 0 || shape[d] < 0 || first[d] > info.shape[d] ||
+          shape[d] > info.shape[d] - first[d]) {
+        return Status::InvalidArgument("box " + DescribeBox(first, shape) + " leaves " + what +
+                                       " of shape " + DescribeShape(info.shape) + " in dimension " +
+                                       std::to_string(d));
+      }
     }
-    const reader::TensorRequest request{it->second.entry, static_cast<uint8_t*>(dst)};
-    std::vector<ChunkFailure> failures = Stream({&request, 1});
+    // Inside the shape, the box's bytes fit as the tensor's do.
+    const uint64_t bytes = static_cast<uint64_t>(NumElements(shape)) * DTypeSize(info.dtype);
+    if (request.dst_bytes != bytes) {
+      return Status::InvalidArgument(
+          (request.whole ? what : "box " + DescribeBox(first, shape) + " of " + what) + " holds " +
+          std::to_string(bytes) + " bytes; the destination has " +
+          std::to_string(request.dst_bytes));
+    }
+    if (bytes > 0 && request.dst == nullptr) {
+      return Status::InvalidArgument("null destination for tensor " + Quote(info.name));
+    }
+    return Status::OK();
+  }
+
+  // Reads every box of `requests` in one streaming pass, so that their reads overlap: chunks
+  // that lie inside one run of a box decode straight into its buffer; a chunk that only partly
+  // belongs to a box, or to several runs, decodes into scratch and is copied piece by piece.
+  Status ReadBoxes(std::span<const BoxRequest> requests) {
+    std::vector<SliceCut> cuts;
+    std::vector<reader::ChunkRequest> chunks;
+    std::unordered_map<uint64_t, size_t> scattered;  // (entry << 32 | chunk) -> cut
+    for (const BoxRequest& request : requests) {
+      auto it = by_name_.find(*request.name);
+      if (it == by_name_.end()) {
+        return Status::NotFound("no tensor named " + Quote(*request.name) + " in " + path_);
+      }
+      RETURN_IF_ERROR(CheckBox(request, infos_[it->second.info]));
+      if (request.dst_bytes == 0) continue;
+      for (size_t entry : it->second.entries) {
+        const TensorEntry& t = index_.tensors[entry];
+        std::optional<SliceCut> cut =
+            CutSlice(entry, t, *request.first, *request.shape, request.dst);
+        if (!cut) continue;
+        for (size_t i = 0; i < t.chunks.size(); ++i) {
+          const ChunkEntry& c = t.chunks[i];
+          int pieces = 0;
+          uint8_t* first_dst = nullptr;
+          uint64_t first_length = 0;
+          ForEachPiece(*cut, c.tensor_offset, c.tensor_offset + c.raw_bytes,
+                       [&](uint64_t, uint64_t length, uint8_t* dst) {
+                         if (pieces++ == 0) {
+                           first_dst = dst;
+                           first_length = length;
+                         }
+                         return pieces < 2;
+                       });
+          if (pieces == 0) continue;
+          if (pieces == 1 && first_length == c.raw_bytes) {
+            chunks.push_back({entry, i, first_dst});
+          } else {
+            chunks.push_back({entry, i, nullptr});
+            scattered[static_cast<uint64_t>(entry) << 32 | i] = cuts.size();
+          }
+        }
+        cuts.push_back(std::move(*cut));
+      }
+    }
+    const Scatter scatter = [&](const reader::PlannedChunk& p, std::span<const uint8_t> raw) {
+      const SliceCut& cut = cuts[scattered.at(static_cast<uint64_t>(p.tensor) << 32 | p.chunk)];
+      const uint64_t a = index_.tensors[p.tensor].chunks[p.chunk].tensor_offset;
+      ForEachPiece(cut, a, a + raw.size(), [&](uint64_t from, uint64_t length, uint8_t* dst) {
+        std::memcpy(dst, raw.data() + (from - a), length);
+        return true;
+      });
+    };
+    std::vector<ChunkFailure> failures = Stream(chunks, scattered.empty() ? nullptr : &scatter);
     if (failures.empty()) return Status::OK();
     return failures.front().status;
   }
@@ -204,7 +433,11 @@ class CheckpointReaderImpl final : public CheckpointReader {
         ASSIGN_OR_RETURN(staging, ref.device->allocate_pinned(ref.bytes));
         staging_device = ref.device;
       }
-      RETURN_IF_ERROR(read(ref.name, staging.data(), ref.bytes));
+      const std::vector<int64_t> whole(ref.shape.size(), 0);
+      const BoxRequest request{&ref.name,  IsShard(ref) ? &ref.global_offset : &whole,
+                               &ref.shape, static_cast<uint8_t*>(staging.data()),
+                               ref.bytes,  !IsShard(ref)};
+      RETURN_IF_ERROR(ReadBoxes({&request, 1}));
       RETURN_IF_ERROR(
           ref.device->copy_from_host(staging.data(), ref.data, ref.bytes)
               .WithContext("restoring tensor " + Quote(ref.name) + " to " + ref.device->name()));
@@ -213,37 +446,33 @@ class CheckpointReaderImpl final : public CheckpointReader {
   }
 
   // Every host tensor of the registry in one streaming pass, so that their reads overlap.
-  // CheckRegistry has matched every name, dtype and shape, hence every size.
+  // CheckRegistry has matched every name, dtype and (global) shape. A shard reads its box.
   Status RestoreHostTensors(const TensorRegistry& registry) {
-    std::vector<reader::TensorRequest> requests;
+    std::vector<BoxRequest> requests;
+    std::vector<std::vector<int64_t>> zeros;  // the first index of whole tensors
+    zeros.reserve(registry.size());
     for (const TensorRef& ref : registry.tensors()) {
       if (ref.device != nullptr && ref.device->kind() != DeviceKind::kHost) continue;
-      const Location& where = by_name_.at(ref.name);
-      if (ref.bytes != index_.tensors[where.entry].bytes) {
-        return Status::InvalidArgument("tensor " + Quote(ref.name) + " in " + path_ + " holds " +
-                                       std::to_string(index_.tensors[where.entry].bytes) +
-                                       " bytes; the registry's buffer has " +
-                                       std::to_string(ref.bytes));
+      const std::vector<int64_t>* first = &ref.global_offset;
+      if (!IsShard(ref)) {
+        zeros.emplace_back(ref.shape.size(), 0);
+        first = &zeros.back();
       }
-      if (ref.bytes > 0 && ref.data == nullptr) {
-        return Status::InvalidArgument("null destination for tensor " + Quote(ref.name));
-      }
-      requests.push_back({where.entry, static_cast<uint8_t*>(ref.data)});
+      requests.push_back({&ref.name, first, &ref.shape, static_cast<uint8_t*>(ref.data), ref.bytes,
+                          !IsShard(ref)});
     }
-    std::vector<ChunkFailure> failures = Stream(requests);
-    if (failures.empty()) return Status::OK();
-    return failures.front().status;
+    return ReadBoxes(requests);
   }
 
   VerifyReport Verify() {
-    std::vector<reader::TensorRequest> requests;
+    std::vector<reader::ChunkRequest> requests;
     VerifyReport report;
     for (size_t t = 0; t < index_.tensors.size(); ++t) {
-      requests.push_back({t, nullptr});
+      for (size_t i = 0; i < index_.tensors[t].chunks.size(); ++i) requests.push_back({t, i});
       report.chunks_checked += index_.tensors[t].chunks.size();
       report.bytes_checked += index_.tensors[t].bytes;
     }
-    std::vector<ChunkFailure> failures = Stream(requests);
+    std::vector<ChunkFailure> failures = Stream(requests, nullptr);
     for (const ChunkFailure& failure : failures) {
       report.problems.push_back(failure.status.ToString());
     }
@@ -251,8 +480,8 @@ class CheckpointReaderImpl final : public CheckpointReader {
   }
 
   struct Location {
-    size_t info = 0;   // index into infos_
-    size_t entry = 0;  // index into index_.tensors
+    size_t info = 0;              // index into infos_
+    std::vector<size_t> entries;  // its slices: indices into index_.tensors (one when unsharded)
   };
 
   CheckpointReaderImpl(std::string path, const ReaderOptions& options,
@@ -269,6 +498,13 @@ class CheckpointReaderImpl final : public CheckpointReader {
     RETURN_IF_ERROR(OpenDataFiles(&sizes));
     RETURN_IF_ERROR(format::CheckChunkLocations(index_, index_path_, sizes));
     file_sizes_ = std::move(sizes);
+    // An unsharded tensor is one slice covering itself, so that one box path reads both kinds.
+    if (!index_.sharded) {
+      for (TensorEntry& t : index_.tensors) {
+        t.global_shape = t.shape;
+        t.box_offset.assign(t.shape.size(), 0);
+      }
+    }
     if (options_.use_o_direct) OpenDirectHandles();
     BuildInfos();
     return Status::OK();
@@ -352,20 +588,35 @@ class CheckpointReaderImpl final : public CheckpointReader {
     }
   }
 
+  // One TensorInfo per name (sharded: the global tensor, with its slices), in name order.
   void BuildInfos() {
     std::vector<size_t> order(index_.tensors.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(),
-              [&](size_t a, size_t b) { return index_.tensors[a].name < index_.tensors[b].name; });
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return index_.tensors[a].name < index_.tensors[b].name;
+    });
     for (size_t entry : order) {
       const TensorEntry& t = index_.tensors[entry];
-      TensorInfo info{t.name, t.dtype, t.shape, t.bytes, 0, t.chunks.size(), {}};
+      auto [it, added] = by_name_.try_emplace(t.name, Location{infos_.size(), {}});
+      if (added) {
+        TensorInfo info;
+        info.name = t.name;
+        info.dtype = t.dtype;
+        info.shape = t.global_shape;
+        // ParseIndex checked that the global shape's bytes fit in 64 bits.
+        info.bytes = static_cast<uint64_t>(NumElements(t.global_shape)) * DTypeSize(t.dtype);
+        infos_.push_back(std::move(info));
+      }
+      it->second.entries.push_back(entry);
+      TensorInfo& info = infos_[it->second.info];
+      info.num_chunks += t.chunks.size();
+      SliceInfo slice{t.box_offset, t.shape, t.writer_rank, t.bytes, 0, t.chunks.size()};
       for (const ChunkEntry& c : t.chunks) {
-        info.stored_bytes += c.stored_bytes;
+        slice.stored_bytes += c.stored_bytes;
         ++info.chunks_by_codec[std::string(codec::CodecName(c.codec))];
       }
-      by_name_[t.name] = Location{infos_.size(), entry};
-      infos_.push_back(std::move(info));
+      info.stored_bytes += slice.stored_bytes;
+      if (index_.sharded) info.slices.push_back(std::move(slice));
     }
   }
 
@@ -380,7 +631,11 @@ class CheckpointReaderImpl final : public CheckpointReader {
         problem = "tensor " + Quote(ref.name) + " is " + std::string(DTypeName(ref.dtype)) +
                   " in the registry but " + std::string(DTypeName(info->dtype)) +
                   " in the checkpoint";
-      } else if (info->shape != ref.shape) {
+      } else if (IsShard(ref) && info->shape != ref.global_shape) {
+        problem = "tensor " + Quote(ref.name) + " is a shard of global shape " +
+                  DescribeShape(ref.global_shape) + " in the registry but has global shape " +
+                  DescribeShape(info->shape) + " in the checkpoint";
+      } else if (!IsShard(ref) && info->shape != ref.shape) {
         problem = "tensor " + Quote(ref.name) + " has shape " + DescribeShape(ref.shape) +
                   " in the registry but " + DescribeShape(info->shape) + " in the checkpoint";
       }
@@ -398,9 +653,14 @@ class CheckpointReaderImpl final : public CheckpointReader {
            std::to_string(c.file_offset) + ", " + std::string(codec::CodecName(c.codec)) + ")";
   }
 
+  // Receives the decoded, verified raw bytes of a chunk that had no destination.
+  using Scatter = std::function<void(const reader::PlannedChunk&, std::span<const uint8_t>)>;
+
   // Reads every chunk of `requests` through the streaming plan, decoding each into its
-  // destination (or into scratch, for verify) as it arrives. Returns every failed chunk.
-  std::vector<ChunkFailure> Stream(std::span<const reader::TensorRequest> requests) {
+  // destination, or into scratch and then to `scatter` (null: nowhere, for verify), as it
+  // arrives. Returns every failed chunk.
+  std::vector<ChunkFailure> Stream(std::span<const reader::ChunkRequest> requests,
+                                   const Scatter* scatter) {
     std::vector<reader::DataFileHandles> handles;
     reader::PlanOptions plan_options;
     for (size_t i = 0; i < files_.size(); ++i) {
@@ -409,7 +669,11 @@ class CheckpointReaderImpl final : public CheckpointReader {
       plan_options.direct.push_back(direct != nullptr);
     }
     plan_options.file_sizes = file_sizes_;
-    const std::vector<reader::Extent> plan = reader::PlanReads(index_, requests, plan_options);
+    const std::vector<reader::Extent> plan = reader::PlanChunkReads(index_, requests, plan_options);
+    uint64_t planned_bytes = 0;
+    for (const reader::Extent& extent : plan) planned_bytes += extent.length;
+    bytes_read_.fetch_add(planned_bytes, std::memory_order_relaxed);
+    chunks_read_.fetch_add(requests.size(), std::memory_order_relaxed);
 
     std::mutex failures_mu;
     std::vector<ChunkFailure> failures;
@@ -431,7 +695,7 @@ class CheckpointReaderImpl final : public CheckpointReader {
       }
     };
     auto sink = [&](const reader::PlannedChunk& p, std::span<uint8_t> stored) noexcept {
-      Status status = DecodeChunk(p, stored);
+      Status status = DecodeChunk(p, stored, scatter);
       if (!status.ok()) record(p, status);
     };
     auto chunk_bytes = [&](const reader::PlannedChunk& p) {
@@ -447,7 +711,8 @@ class CheckpointReaderImpl final : public CheckpointReader {
 
   // Decodes and checksums one chunk's stored bytes into its destination, or into this thread's
   // scratch when it has none. A failed allocation fails the chunk, naming the bytes it needed.
-  Status DecodeChunk(const reader::PlannedChunk& p, std::span<uint8_t> stored) noexcept {
+  Status DecodeChunk(const reader::PlannedChunk& p, std::span<uint8_t> stored,
+                     const Scatter* scatter) noexcept {
     const TensorEntry& tensor = index_.tensors[p.tensor];
     const ChunkEntry& c = tensor.chunks[p.chunk];
     try {
@@ -456,8 +721,12 @@ class CheckpointReaderImpl final : public CheckpointReader {
       if (out == nullptr) {
         out = c.codec == codec::Codec::kRaw ? stored.data() : scratch.decoded.reserve(c.raw_bytes);
       }
-      return codec::Decode(c.codec, stored, DTypeSize(tensor.dtype), c.xxh3,
-                           std::span<uint8_t>(out, c.raw_bytes), scratch.codec);
+      RETURN_IF_ERROR(codec::Decode(c.codec, stored, DTypeSize(tensor.dtype), c.xxh3,
+                                    std::span<uint8_t>(out, c.raw_bytes), scratch.codec));
+      if (p.destination == nullptr && scatter != nullptr) {
+        (*scatter)(p, std::span<const uint8_t>(out, c.raw_bytes));
+      }
+      return Status::OK();
     } catch (...) {
       return StatusOfCurrentException([&] {
         return "reading tensor " + Quote(tensor.name) + " (" + DescribeBytes(tensor.bytes) +
@@ -479,6 +748,8 @@ class CheckpointReaderImpl final : public CheckpointReader {
   std::vector<TensorInfo> infos_;  // in name order
   std::unordered_map<std::string, Location> by_name_;
   tbb::enumerable_thread_specific<ThreadScratch> scratch_;
+  std::atomic<uint64_t> bytes_read_{0};
+  std::atomic<uint64_t> chunks_read_{0};
 };
 
 }  // namespace

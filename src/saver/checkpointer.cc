@@ -50,8 +50,15 @@ class PinnedReader final : public CheckpointReader {
   const std::vector<TensorInfo>& tensors() const override { return reader_->tensors(); }
   const TensorInfo* find(const std::string& name) const override { return reader_->find(name); }
   uint32_t num_data_files() const override { return reader_->num_data_files(); }
+  bool sharded() const override { return reader_->sharded(); }
+  uint32_t world_size() const override { return reader_->world_size(); }
+  ReadStats read_stats() const override { return reader_->read_stats(); }
   Status read(const std::string& name, void* dst, size_t dst_bytes) override {
     return reader_->read(name, dst, dst_bytes);
+  }
+  Status read_box(const std::string& name, const std::vector<int64_t>& offset,
+                  const std::vector<int64_t>& shape, void* dst, size_t dst_bytes) override {
+    return reader_->read_box(name, offset, shape, dst, dst_bytes);
   }
   Status restore(const TensorRegistry& registry) override { return reader_->restore(registry); }
   VerifyReport verify() override { return reader_->verify(); }

@@ -105,6 +105,35 @@ TEST_F(ReadPlanTest, BufferedRawChunksContiguousInFileAndTensorReadInPlace) {
   EXPECT_EQ(Covered(plan).size(), 4u);
 }
 
+TEST_F(ReadPlanTest, ChunksContiguousInFileAndTensorButNotInTheirDestinationsReadApart) {
+  // A box read sends two neighbouring raw chunks of one row-cut tensor to places that are not
+  // next to each other in the caller's buffer: one extent would write the second one wrongly.
+  const size_t t = AddTensor({{0, 0, 1000, Codec::kRaw}, {0, 1000, 1000, Codec::kRaw}});
+  std::vector<uint8_t> dst(3000);
+  const ChunkRequest requests[] = {{t, 0, dst.data()}, {t, 1, dst.data() + 2000}};
+  const std::vector<Extent> plan = PlanChunkReads(index_, requests, Options(false, {2000}));
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0].target, dst.data());
+  EXPECT_EQ(plan[0].length, 1000u);
+  EXPECT_EQ(plan[1].target, dst.data() + 2000);
+  // Contiguous destinations still make one extent.
+  const ChunkRequest together[] = {{t, 0, dst.data()}, {t, 1, dst.data() + 1000}};
+  EXPECT_EQ(PlanChunkReads(index_, together, Options(false, {2000})).size(), 1u);
+}
+
+TEST_F(ReadPlanTest, OnlyTheRequestedChunksArePlanned) {
+  const size_t t = AddTensor(
+      {{0, 0, 1000, Codec::kZstd}, {0, 1000, 1000, Codec::kZstd}, {0, 2000, 1000, Codec::kZstd}});
+  PlanOptions options = Options(false, {3000});
+  options.max_gap_bytes = 0;
+  const ChunkRequest requests[] = {{t, 0, nullptr}, {t, 2, nullptr}};
+  const std::vector<Extent> plan = PlanChunkReads(index_, requests, options);
+  ASSERT_EQ(plan.size(), 2u);
+  EXPECT_EQ(plan[0].offset, 0u);
+  EXPECT_EQ(plan[1].offset, 2000u);
+  EXPECT_EQ(plan[1].chunks[0].chunk, 2u);
+}
+
 TEST_F(ReadPlanTest, DirectExtentsAreAlignedAndNeverRunPastTheFile) {
   // Back to back, unaligned: the first extent widens to 4096 boundaries; the last one would end
   // past the 9000-byte file once aligned, so it stays exact and buffered.

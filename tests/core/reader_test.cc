@@ -179,7 +179,7 @@ class ReaderTest : public ::testing::Test {
     format::Index index;
     index.metadata = CheckpointMetadata{5, 1.5, {}};
     index.num_data_files = 1;
-    format::TensorEntry tensor{"w", DType::kU8, {0}, 0, chunks};
+    format::TensorEntry tensor = format::WholeTensorEntry("w", DType::kU8, {0}, 0, chunks);
     for (const format::ChunkEntry& chunk : chunks) tensor.bytes += chunk.raw_bytes;
     tensor.shape = {static_cast<int64_t>(tensor.bytes)};
     index.tensors.push_back(tensor);
@@ -281,10 +281,12 @@ TEST_F(ReaderTest, AllZeroTensorsInLargeChunksOpenAndRestore) {
     std::vector<uint8_t> m(kBytes, 0xAA), v(kBytes, 0xBB);
     TensorRegistry registry;
     ASSERT_TRUE(
-        registry.add({"adam_m", DType::kF32, {int64_t{kBytes / 4}}, m.data(), kBytes, nullptr})
+        registry
+            .add({"adam_m", DType::kF32, {int64_t{kBytes / 4}}, m.data(), kBytes, nullptr, {}, {}})
             .ok());
     ASSERT_TRUE(
-        registry.add({"adam_v", DType::kF32, {int64_t{kBytes / 4}}, v.data(), kBytes, nullptr})
+        registry
+            .add({"adam_v", DType::kF32, {int64_t{kBytes / 4}}, v.data(), kBytes, nullptr, {}, {}})
             .ok());
     Status restored = reader->restore(registry);
     ASSERT_TRUE(restored.ok()) << restored.ToString();
@@ -457,11 +459,14 @@ TEST_F(ReaderTest, RestoreFillsHostAndDeviceTensors) {
   auto device = std::make_shared<FakeDevice>();
   std::vector<uint8_t> host_a(a.bytes), device_b(b.bytes), host_c(c.bytes);
   TensorRegistry registry;
-  ASSERT_TRUE(registry.add({"a", DType::kF32, {700}, host_a.data(), host_a.size(), nullptr}).ok());
   ASSERT_TRUE(
-      registry.add({"b", DType::kU16, {3, 333}, device_b.data(), device_b.size(), device}).ok());
+      registry.add({"a", DType::kF32, {700}, host_a.data(), host_a.size(), nullptr, {}, {}}).ok());
   ASSERT_TRUE(
-      registry.add({"c", DType::kBF16, {5}, host_c.data(), host_c.size(), HostDevice()}).ok());
+      registry.add({"b", DType::kU16, {3, 333}, device_b.data(), device_b.size(), device, {}, {}})
+          .ok());
+  ASSERT_TRUE(
+      registry.add({"c", DType::kBF16, {5}, host_c.data(), host_c.size(), HostDevice(), {}, {}})
+          .ok());
   ASSERT_TRUE(reader->restore(registry).ok());
   EXPECT_EQ(std::memcmp(host_a.data(), a.data, a.bytes), 0);
   EXPECT_EQ(std::memcmp(device_b.data(), b.data, b.bytes), 0);
@@ -475,9 +480,9 @@ TEST_F(ReaderTest, RestoreRejectsMismatchesBeforeWritingAnything) {
   ASSERT_NE(reader, nullptr);
   std::vector<uint8_t> a(40, 0xAA), b(40, 0xBB), c(4, 0xCC);
   TensorRegistry registry;
-  ASSERT_TRUE(registry.add({"a", DType::kI32, {10}, a.data(), a.size(), nullptr}).ok());
-  ASSERT_TRUE(registry.add({"b", DType::kF32, {5, 2}, b.data(), b.size(), nullptr}).ok());
-  ASSERT_TRUE(registry.add({"c", DType::kF32, {}, c.data(), c.size(), nullptr}).ok());
+  ASSERT_TRUE(registry.add({"a", DType::kI32, {10}, a.data(), a.size(), nullptr, {}, {}}).ok());
+  ASSERT_TRUE(registry.add({"b", DType::kF32, {5, 2}, b.data(), b.size(), nullptr, {}, {}}).ok());
+  ASSERT_TRUE(registry.add({"c", DType::kF32, {}, c.data(), c.size(), nullptr, {}, {}}).ok());
   Status status = reader->restore(registry);
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("tensor 'a' is i32 in the registry but f32"));
@@ -673,7 +678,8 @@ class StreamingRestoreTest : public ReaderTest,
     TensorRegistry registry;
     for (const format::HostTensor& t : tensors) {
       out->push_back(buffers.Get(t.bytes));
-      Status added = registry.add({t.name, t.dtype, t.shape, out->back(), t.bytes, nullptr});
+      Status added =
+          registry.add({t.name, t.dtype, t.shape, out->back(), t.bytes, nullptr, {}, {}});
       if (!added.ok()) return added;
     }
     return reader.restore(registry);
@@ -791,6 +797,424 @@ TEST_F(ReaderTest, OpenLatestReadsTheStateFileThroughTheGivenFileSystem) {
             StatusCode::kIOError);
   faulty.clear_faults();
   EXPECT_TRUE(CheckpointReader::OpenLatest(root_, options).ok());
+}
+
+// ---- sharded checkpoints -----------------------------------------------------------------------
+
+// A global tensor held whole by the test, to cut slices from and check boxes against.
+struct GlobalTensor {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+
+// The box [first, first + extent) of `g`, row-major, element by element: a reference that shares
+// nothing with the reader's run arithmetic.
+std::vector<uint8_t> CutBox(const GlobalTensor& g, const std::vector<int64_t>& first,
+                            const std::vector<int64_t>& extent) {
+  const size_t elem = DTypeSize(g.dtype);
+  const int64_t count = NumElements(extent);
+  std::vector<uint8_t> out(static_cast<size_t>(count) * elem);
+  std::vector<int64_t> index(extent.size(), 0);
+  for (int64_t n = 0; n < count; ++n) {
+    int64_t linear = 0;
+    for (size_t d = 0; d < extent.size(); ++d) linear = linear * g.shape[d] + first[d] + index[d];
+    std::memcpy(out.data() + static_cast<size_t>(n) * elem,
+                g.bytes.data() + static_cast<size_t>(linear) * elem, elem);
+    for (size_t d = extent.size(); d-- > 0;) {
+      if (++index[d] < extent[d]) break;
+      index[d] = 0;
+    }
+  }
+  return out;
+}
+
+// Cuts [0, n) into `parts` uneven pieces (sizes growing with the part), as boundaries.
+std::vector<int64_t> UnevenSplit(int64_t n, int64_t parts) {
+  std::vector<int64_t> bounds;
+  for (int64_t i = 0; i <= parts; ++i) bounds.push_back(n * i * (i + 1) / (parts * (parts + 1)));
+  return bounds;
+}
+
+class ShardedReaderTest : public ReaderTest {
+ protected:
+  void SetUp() override {
+    ReaderTest::SetUp();
+    std::mt19937 rng(7);
+    auto make = [&](std::string name, DType dtype, std::vector<int64_t> shape) {
+      GlobalTensor g{std::move(name), dtype, std::move(shape), {}};
+      g.bytes.resize(static_cast<size_t>(NumElements(g.shape)) * DTypeSize(dtype));
+      // Runs of repeated bytes (compressible chunks) between random ones (raw chunks).
+      for (size_t i = 0; i < g.bytes.size(); ++i) {
+        g.bytes[i] =
+            (i / 512) % 2 == 0 ? static_cast<uint8_t>(i / 128) : static_cast<uint8_t>(rng());
+      }
+      globals_[g.name] = std::move(g);
+    };
+    make("big", DType::kF32, {40, 33});
+    make("g", DType::kI32, {6, 8});
+    make("emb", DType::kBF16, {9, 5, 3});
+    make("u8t", DType::kU8, {13});
+    make("bias", DType::kF64, {5});
+    make("step", DType::kI64, {});
+  }
+
+  // The slice of global tensor `name` at [first, first + extent), as rank r would write it.
+  testing_support::HostSlice SliceOf(const std::string& name, std::vector<int64_t> first,
+                                     std::vector<int64_t> extent) {
+    const GlobalTensor& g = globals_.at(name);
+    std::vector<uint8_t>& bytes = slice_bytes_.emplace_back(CutBox(g, first, extent));
+    return testing_support::HostSlice{
+        format::HostTensor{name, g.dtype, extent, bytes.data(), bytes.size()}, g.shape,
+        std::move(first)};
+  }
+
+  // Saves the globals as 4 ranks with uneven shards: "big" along dim 0 (13, 7, 12, 8 rows),
+  // "g" on a 2x2 grid, "emb" along dim 1 (rank 3 holds a replica of rank 2's box, written by
+  // rank 2 only), "u8t" along dim 0 with an empty slice on rank 1, "bias" and "step" whole
+  // (replicated, written by rank 0).
+  void WriteFourRanks(uint64_t chunk_bytes = 200) {
+    std::vector<std::vector<testing_support::HostSlice>> ranks(4);
+    const int64_t rows[] = {0, 13, 20, 32, 40};
+    for (int r = 0; r < 4; ++r) {
+      ranks[r].push_back(SliceOf("big", {rows[r], 0}, {rows[r + 1] - rows[r], 33}));
+    }
+    ranks[0].push_back(SliceOf("g", {0, 0}, {4, 3}));
+    ranks[1].push_back(SliceOf("g", {0, 3}, {4, 5}));
+    ranks[2].push_back(SliceOf("g", {4, 0}, {2, 3}));
+    ranks[3].push_back(SliceOf("g", {4, 3}, {2, 5}));
+    ranks[0].push_back(SliceOf("emb", {0, 0, 0}, {9, 2, 3}));
+    ranks[1].push_back(SliceOf("emb", {0, 2, 0}, {9, 1, 3}));
+    ranks[2].push_back(SliceOf("emb", {0, 3, 0}, {9, 2, 3}));
+    ranks[0].push_back(SliceOf("u8t", {0}, {5}));
+    ranks[1].push_back(SliceOf("u8t", {5}, {0}));
+    ranks[2].push_back(SliceOf("u8t", {5}, {4}));
+    ranks[3].push_back(SliceOf("u8t", {9}, {4}));
+    ranks[0].push_back(SliceOf("bias", {0}, {5}));
+    ranks[0].push_back(SliceOf("step", {}, {}));
+    testing_support::WriterOptions options;
+    options.chunk_bytes = chunk_bytes;
+    options.num_data_files = 2;
+    Result<format::Index> index = testing_support::WriteShardedCheckpointFiles(
+        *fs_, dir_, ranks, CheckpointMetadata{100, 9.5, {{"job", "sharded"}}}, options);
+    ASSERT_TRUE(index.ok()) << index.status().ToString();
+    index_ = *index;
+  }
+
+  static ReaderOptions Buffered() {
+    ReaderOptions options = Posix();
+    options.use_o_direct = false;  // exact reads, so that bytes read can be compared
+    return options;
+  }
+
+  std::unique_ptr<CheckpointReader> OpenBuffered() {
+    Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir_, Buffered());
+    EXPECT_TRUE(reader.ok()) << reader.status().ToString();
+    return reader.ok() ? std::move(reader).value() : nullptr;
+  }
+
+  // Reads box [first, first + extent) of `name` and expects the reference bytes.
+  void ExpectBox(CheckpointReader& reader, const std::string& name, std::vector<int64_t> first,
+                 std::vector<int64_t> extent) {
+    const std::vector<uint8_t> want = CutBox(globals_.at(name), first, extent);
+    std::vector<uint8_t> got(want.size(), 0xEE);
+    Status status = reader.read_box(name, first, extent, got.data(), got.size());
+    ASSERT_TRUE(status.ok()) << status.ToString();
+    ASSERT_TRUE(got == want) << name << " box " << ::testing::PrintToString(first) << " + "
+                             << ::testing::PrintToString(extent);
+  }
+
+  std::map<std::string, GlobalTensor> globals_;
+  std::list<std::vector<uint8_t>> slice_bytes_;
+  format::Index index_;
+};
+
+TEST_F(ShardedReaderTest, ListsGlobalShapesAndSlices) {
+  WriteFourRanks();
+  std::unique_ptr<CheckpointReader> reader = OpenBuffered();
+  ASSERT_NE(reader, nullptr);
+  EXPECT_TRUE(reader->sharded());
+  EXPECT_EQ(reader->world_size(), 4u);
+  EXPECT_EQ(reader->num_data_files(), 8u);
+  EXPECT_EQ(reader->metadata().step, 100);
+  ASSERT_EQ(reader->tensors().size(), 6u);  // one per name, in name order
+  EXPECT_EQ(reader->tensors()[0].name, "bias");
+  const TensorInfo* big = reader->find("big");
+  ASSERT_NE(big, nullptr);
+  EXPECT_EQ(big->shape, (std::vector<int64_t>{40, 33}));
+  EXPECT_EQ(big->bytes, 40u * 33 * 4);
+  ASSERT_EQ(big->slices.size(), 4u);
+  EXPECT_EQ(big->slices[2].offset, (std::vector<int64_t>{20, 0}));
+  EXPECT_EQ(big->slices[2].shape, (std::vector<int64_t>{12, 33}));
+  EXPECT_EQ(big->slices[2].writer_rank, 2u);
+  EXPECT_EQ(big->slices[2].bytes, 12u * 33 * 4);
+  uint64_t stored = 0, chunks = 0;
+  for (const SliceInfo& slice : big->slices) {
+    stored += slice.stored_bytes;
+    chunks += slice.num_chunks;
+  }
+  EXPECT_EQ(big->stored_bytes, stored);
+  EXPECT_EQ(big->num_chunks, chunks);
+  const TensorInfo* emb = reader->find("emb");
+  ASSERT_NE(emb, nullptr);
+  ASSERT_EQ(emb->slices.size(), 3u);  // rank 3's replica was not written
+  EXPECT_EQ(reader->find("step")->shape, std::vector<int64_t>{});
+  EXPECT_EQ(reader->find("u8t")->slices[1].bytes, 0u);
+}
+
+TEST_F(ShardedReaderTest, ReadsWholeGlobalTensorsBitForBit) {
+  WriteFourRanks();
+  std::unique_ptr<CheckpointReader> reader = OpenBuffered();
+  ASSERT_NE(reader, nullptr);
+  for (const auto& [name, g] : globals_) {
+    std::vector<uint8_t> got(g.bytes.size(), 0xEE);
+    ASSERT_TRUE(reader->read(name, got.data(), got.size()).ok()) << name;
+    EXPECT_TRUE(got == g.bytes) << name;
+  }
+  Result<xt::xarray<float>> big = reader->read_xarray<float>("big");
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(big->shape(0), 40u);
+  EXPECT_EQ(std::memcmp(big->data(), globals_.at("big").bytes.data(), 40 * 33 * 4), 0);
+}
+
+TEST_F(ShardedReaderTest, RandomBoxesMatchTheReferenceBitForBit) {
+  // Chunks of 28 bytes: 7 f32 elements, never a whole row of "big" (33), so chunks straddle rows.
+  WriteFourRanks(28);
+  std::unique_ptr<CheckpointReader> reader = OpenBuffered();
+  ASSERT_NE(reader, nullptr);
+  std::mt19937 rng(11);
+  for (const auto& [name, g] : globals_) {
+    for (int trial = 0; trial < 60; ++trial) {
+      std::vector<int64_t> first, extent;
+      for (int64_t dim : g.shape) {
+        const int64_t a = static_cast<int64_t>(rng() % static_cast<uint32_t>(dim + 1));
+        const int64_t b = static_cast<int64_t>(rng() % static_cast<uint32_t>(dim + 1));
+        first.push_back(std::min(a, b));
+        extent.push_back(std::max(a, b) - std::min(a, b));
+      }
+      ExpectBox(*reader, name, first, extent);
+    }
+  }
+  // Edges: a single element, whole rows across slice boundaries, the whole tensor.
+  ExpectBox(*reader, "big", {39, 32}, {1, 1});
+  ExpectBox(*reader, "big", {12, 0}, {2, 33});
+  ExpectBox(*reader, "big", {0, 0}, {40, 33});
+  ExpectBox(*reader, "g", {3, 2}, {2, 2});
+  ExpectBox(*reader, "emb", {4, 1, 1}, {3, 3, 2});
+  ExpectBox(*reader, "step", {}, {});
+}
+
+TEST_F(ShardedReaderTest, RestoresOntoOneToFourRanksBitForBit) {
+  WriteFourRanks();
+  for (int64_t world = 1; world <= 4; ++world) {
+    uint64_t total_read = 0;
+    for (int64_t rank = 0; rank < world; ++rank) {
+      std::unique_ptr<CheckpointReader> reader = OpenBuffered();
+      ASSERT_NE(reader, nullptr);
+      TensorRegistry registry;
+      std::list<std::vector<uint8_t>> buffers;
+      struct Want {
+        std::string name;
+        std::vector<int64_t> first, extent;
+        std::vector<uint8_t>* buffer;
+      };
+      std::vector<Want> wants;
+      // `dim` of `name` cut into `world` uneven pieces; this rank holds piece `rank`.
+      auto shard = [&](const std::string& name, size_t dim) {
+        const GlobalTensor& g = globals_.at(name);
+        const std::vector<int64_t> bounds = UnevenSplit(g.shape[dim], world);
+        std::vector<int64_t> first(g.shape.size(), 0), extent = g.shape;
+        first[dim] = bounds[static_cast<size_t>(rank)];
+        extent[dim] = bounds[static_cast<size_t>(rank) + 1] - first[dim];
+        std::vector<uint8_t>& buffer =
+            buffers.emplace_back(static_cast<size_t>(NumElements(extent)) * DTypeSize(g.dtype));
+        ASSERT_TRUE(
+            registry
+                .add({name, g.dtype, extent, buffer.data(), buffer.size(), nullptr, g.shape, first})
+                .ok());
+        wants.push_back({name, first, extent, &buffer});
+      };
+      auto whole = [&](const std::string& name) {
+        const GlobalTensor& g = globals_.at(name);
+        std::vector<uint8_t>& buffer = buffers.emplace_back(g.bytes.size());
+        ASSERT_TRUE(
+            registry.add({name, g.dtype, g.shape, buffer.data(), buffer.size(), nullptr, {}, {}})
+                .ok());
+        wants.push_back({name, std::vector<int64_t>(g.shape.size(), 0), g.shape, &buffer});
+      };
+      shard("big", 0);  // the saved split, other bounds
+      shard("g", 1);    // another dimension than either of the saved ones
+      shard("emb", 2);
+      shard("u8t", 0);
+      whole("bias");  // replicated
+      whole("step");
+      Status status = reader->restore(registry);
+      ASSERT_TRUE(status.ok()) << status.ToString();
+      for (const Want& want : wants) {
+        EXPECT_TRUE(*want.buffer == CutBox(globals_.at(want.name), want.first, want.extent))
+            << want.name << " on rank " << rank << " of " << world;
+      }
+      total_read += reader->read_stats().bytes_read;
+      if (world == 4) {
+        uint64_t stored = 0;
+        for (const TensorInfo& info : reader->tensors()) stored += info.stored_bytes;
+        EXPECT_LT(reader->read_stats().bytes_read, stored) << "rank " << rank;
+      }
+    }
+    RecordProperty("bytes_read_world_" + std::to_string(world), std::to_string(total_read));
+  }
+}
+
+TEST_F(ShardedReaderTest, AReplicatedBoxRestoresOnEveryRankThatHoldsIt) {
+  WriteFourRanks();
+  for (int rank = 0; rank < 3; ++rank) {
+    std::unique_ptr<CheckpointReader> reader = OpenBuffered();
+    ASSERT_NE(reader, nullptr);
+    std::vector<uint8_t> buffer(5 * 2 * 3 * 2);
+    TensorRegistry registry;
+    ASSERT_TRUE(registry
+                    .add({"emb",
+                          DType::kBF16,
+                          {5, 2, 3},
+                          buffer.data(),
+                          buffer.size(),
+                          nullptr,
+                          {9, 5, 3},
+                          {2, 3, 0}})
+                    .ok());
+    ASSERT_TRUE(reader->restore(registry).ok());
+    EXPECT_TRUE(buffer == CutBox(globals_.at("emb"), {2, 3, 0}, {5, 2, 3}));
+  }
+}
+
+TEST_F(ShardedReaderTest, ABoxReadsOnlyTheChunksThatOverlapIt) {
+  WriteFourRanks();
+  std::unique_ptr<CheckpointReader> reader = OpenBuffered();
+  ASSERT_NE(reader, nullptr);
+  const TensorInfo* big = reader->find("big");
+  ASSERT_NE(big, nullptr);
+  // Two rows of slice 0: 264 bytes, two chunks of 200 raw bytes at most.
+  ExpectBox(*reader, "big", {0, 0}, {2, 33});
+  const ReadStats small = reader->read_stats();
+  EXPECT_EQ(small.chunks_read, 2u);
+  EXPECT_LE(small.bytes_read, 400u);
+  EXPECT_LT(small.bytes_read, big->stored_bytes / 4);
+  // One column of all rows touches every slice but not every chunk: a short last chunk of a
+  // slice may hold no element of column 5.
+  ExpectBox(*reader, "big", {0, 5}, {40, 1});
+  uint64_t needed = 0;
+  for (const format::TensorEntry& t : index_.tensors) {
+    if (t.name != "big") continue;
+    for (const format::ChunkEntry& c : t.chunks) {
+      bool overlaps = false;
+      for (uint64_t e = c.tensor_offset / 4; e < (c.tensor_offset + c.raw_bytes) / 4; ++e) {
+        overlaps = overlaps || e % 33 == 5;
+      }
+      needed += overlaps ? 1 : 0;
+    }
+  }
+  EXPECT_LT(needed, big->num_chunks);
+  EXPECT_EQ(reader->read_stats().chunks_read - small.chunks_read, needed);
+  // The whole tensor reads each chunk once.
+  const ReadStats before = reader->read_stats();
+  ExpectBox(*reader, "big", {0, 0}, {40, 33});
+  EXPECT_EQ(reader->read_stats().chunks_read - before.chunks_read, big->num_chunks);
+  EXPECT_GE(reader->read_stats().bytes_read - before.bytes_read, big->stored_bytes);
+}
+
+TEST_F(ShardedReaderTest, BadBoxesAreNamedErrors) {
+  WriteFourRanks();
+  std::unique_ptr<CheckpointReader> reader = OpenBuffered();
+  ASSERT_NE(reader, nullptr);
+  std::vector<uint8_t> buffer(4096);
+  Status status = reader->read_box("nope", {0}, {1}, buffer.data(), 1);
+  EXPECT_EQ(status.code(), StatusCode::kNotFound);
+  EXPECT_THAT(status.message(), HasSubstr("no tensor named 'nope'"));
+  status = reader->read_box("big", {30, 0}, {11, 33}, buffer.data(), 11 * 33 * 4);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("box [30:41, 0:33] leaves tensor 'big' in " + dir_ +
+                                          " of shape [40, 33] in dimension 0"));
+  status = reader->read_box("big", {-1, 0}, {1, 33}, buffer.data(), 33 * 4);
+  EXPECT_THAT(status.message(), HasSubstr("in dimension 0"));
+  status = reader->read_box("big", {0}, {1}, buffer.data(), 4);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("does not fit tensor 'big'"));
+  status = reader->read_box("big", {0, 0}, {1, 33}, buffer.data(), 100);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("box [0:1, 0:33] of tensor 'big'"));
+  EXPECT_THAT(status.message(), HasSubstr("holds 132 bytes; the destination has 100"));
+  EXPECT_TRUE(reader->read_box("big", {3, 4}, {0, 10}, nullptr, 0).ok());  // empty box
+}
+
+TEST_F(ShardedReaderTest, RestoreRejectsDtypeAndGlobalShapeMismatchesByName) {
+  WriteFourRanks();
+  std::unique_ptr<CheckpointReader> reader = OpenBuffered();
+  ASSERT_NE(reader, nullptr);
+  std::vector<uint8_t> a(4 * 33 * 4, 0xAA), b(4 * 33 * 4, 0xBB), c(40, 0xCC);
+  TensorRegistry registry;
+  ASSERT_TRUE(
+      registry.add({"big", DType::kI32, {4, 33}, a.data(), a.size(), nullptr, {40, 33}, {0, 0}})
+          .ok());
+  ASSERT_TRUE(
+      registry.add({"g", DType::kI32, {1, 33}, b.data(), 33 * 4, nullptr, {41, 33}, {0, 0}}).ok());
+  ASSERT_TRUE(registry.add({"u8t", DType::kU8, {40}, c.data(), 40, nullptr, {}, {}}).ok());
+  Status status = reader->restore(registry);
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("tensor 'big' is i32 in the registry but f32"));
+  EXPECT_THAT(status.message(), HasSubstr("tensor 'g' is a shard of global shape [41, 33] in the "
+                                          "registry but has global shape [6, 8]"));
+  EXPECT_THAT(status.message(), HasSubstr("tensor 'u8t' has shape [40] in the registry but [13]"));
+  EXPECT_EQ(a, std::vector<uint8_t>(a.size(), 0xAA));
+}
+
+TEST_F(ShardedReaderTest, DamageInAChunkABoxNeedsIsCorruptionAndVerifyFindsIt) {
+  WriteFourRanks();
+  // Damage a chunk of rank 3's slice of "big" (rows 32..39).
+  const format::TensorEntry* victim = nullptr;
+  for (const format::TensorEntry& t : index_.tensors) {
+    if (t.name == "big" && t.writer_rank == 3) victim = &t;
+  }
+  ASSERT_NE(victim, nullptr);
+  const format::ChunkEntry& c = victim->chunks.back();
+  const std::string file = dir_ + "/" + format::DataFileName(c.file_index, 8);
+  std::vector<uint8_t> bytes = ReadFileBytes(file);
+  bytes.at(c.file_offset + c.stored_bytes / 2) ^= 0x10;
+  WriteFile(file, bytes);
+  std::unique_ptr<CheckpointReader> reader = OpenBuffered();
+  ASSERT_NE(reader, nullptr);
+  ExpectBox(*reader, "big", {0, 0}, {32, 33});  // rank 3's slice is not needed
+  std::vector<uint8_t> buffer(40 * 33 * 4);
+  Status status = reader->read_box("big", {39, 0}, {1, 33}, buffer.data(), 33 * 4);
+  EXPECT_EQ(status.code(), StatusCode::kCorruption);
+  EXPECT_THAT(status.message(), HasSubstr("tensor 'big' chunk"));
+  const VerifyReport report = reader->verify();
+  ASSERT_EQ(report.problems.size(), 1u);
+  EXPECT_THAT(report.problems[0], HasSubstr(format::DataFileName(c.file_index, 8)));
+}
+
+TEST_F(ReaderTest, ReadBoxWorksOnAnUnshardedCheckpoint) {
+  format::HostTensor a = Make("a", DType::kU16, {17, 9});
+  Write({a}, 30);
+  std::unique_ptr<CheckpointReader> reader = OpenOrDie();
+  ASSERT_NE(reader, nullptr);
+  EXPECT_FALSE(reader->sharded());
+  EXPECT_EQ(reader->world_size(), 1u);
+  EXPECT_TRUE(reader->find("a")->slices.empty());
+  GlobalTensor g{"a", DType::kU16, {17, 9}, {}};
+  g.bytes.assign(static_cast<const uint8_t*>(a.data),
+                 static_cast<const uint8_t*>(a.data) + a.bytes);
+  std::vector<uint8_t> got(5 * 4 * 2);
+  ASSERT_TRUE(reader->read_box("a", {3, 2}, {5, 4}, got.data(), got.size()).ok());
+  EXPECT_TRUE(got == CutBox(g, {3, 2}, {5, 4}));
+  // A shard of an unsharded checkpoint's tensor restores its box.
+  TensorRegistry registry;
+  std::vector<uint8_t> shard(8 * 9 * 2);
+  ASSERT_TRUE(
+      registry.add({"a", DType::kU16, {8, 9}, shard.data(), shard.size(), nullptr, {17, 9}, {9, 0}})
+          .ok());
+  ASSERT_TRUE(reader->restore(registry).ok());
+  EXPECT_TRUE(shard == CutBox(g, {9, 0}, {8, 9}));
 }
 
 }  // namespace

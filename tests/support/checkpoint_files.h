@@ -131,4 +131,67 @@ inline Result<WriteStats> WriteCheckpointFiles(io::FileSystem& fs, const std::st
   return stats;
 }
 
+/// One rank's slice of a global tensor, for WriteShardedCheckpointFiles.
+struct HostSlice {
+  /// The slice's bytes, shape and dtype (tensor.shape is the box's extent).
+  format::HostTensor tensor;
+  /// The global tensor's dimensions.
+  std::vector<int64_t> global_shape;
+  /// The box's first index in each global dimension.
+  std::vector<int64_t> box_offset;
+};
+
+/// Writes a sharded checkpoint into the existing directory `dir` as `slices.size()` ranks would:
+/// rank r writes its slices (slices[r]) with WriteCheckpointFiles into data files
+/// r * F .. r * F + F - 1 of R * F (F = options.num_data_files), its part index is made from
+/// that, and the parts are merged with format::MergeShardedParts into `index`. Each box must be
+/// written by one rank only (replicas filtered by the caller, as the savers do).
+inline Result<format::Index> WriteShardedCheckpointFiles(
+    io::FileSystem& fs, const std::string& dir, const std::vector<std::vector<HostSlice>>& slices,
+    const CheckpointMetadata& metadata, const WriterOptions& options) {
+  const uint32_t world = static_cast<uint32_t>(slices.size());
+  const uint32_t per_rank = options.num_data_files;
+  std::vector<format::Index> parts;
+  for (uint32_t r = 0; r < world; ++r) {
+    const std::string rank_dir = dir + "/rank-" + std::to_string(r);
+    RETURN_IF_ERROR(ToStatus(fs.create_dir(rank_dir)));
+    std::vector<format::HostTensor> tensors;
+    for (const HostSlice& slice : slices[r]) tensors.push_back(slice.tensor);
+    RETURN_IF_ERROR(WriteCheckpointFiles(fs, rank_dir, tensors, metadata, options).status());
+    std::unique_ptr<io::File> file;
+    RETURN_IF_ERROR(ToStatus(fs.open(rank_dir + "/" + format::kIndexFileName, {}, &file)));
+    uint64_t size = 0;
+    RETURN_IF_ERROR(ToStatus(file->size(&size)));
+    std::vector<uint8_t> bytes(size);
+    RETURN_IF_ERROR(ToStatus(file->read_at(0, bytes.data(), bytes.size())));
+    ASSIGN_OR_RETURN(format::Index part, format::ParseIndex(bytes, rank_dir));
+    part.sharded = true;
+    part.world_size = world;
+    part.num_data_files = world * per_rank;
+    for (size_t t = 0; t < part.tensors.size(); ++t) {
+      format::TensorEntry& entry = part.tensors[t];
+      entry.global_shape = slices[r][t].global_shape;
+      entry.box_offset = slices[r][t].box_offset;
+      entry.writer_rank = r;
+      for (format::ChunkEntry& chunk : entry.chunks) chunk.file_index += r * per_rank;
+    }
+    for (uint32_t i = 0; i < per_rank; ++i) {
+      RETURN_IF_ERROR(ToStatus(
+          fs.rename(rank_dir + "/" + format::DataFileName(i, per_rank),
+                    dir + "/" + format::DataFileName(r * per_rank + i, world * per_rank))));
+    }
+    RETURN_IF_ERROR(ToStatus(fs.remove_tree(rank_dir)));
+    parts.push_back(std::move(part));
+  }
+  ASSIGN_OR_RETURN(format::Index index, format::MergeShardedParts(std::move(parts), world));
+  const std::vector<uint8_t> index_bytes = format::EncodeIndex(index);
+  std::unique_ptr<io::File> file;
+  RETURN_IF_ERROR(
+      ToStatus(fs.open(dir + "/" + format::kIndexFileName,
+                       io::OpenOptions{.write = true, .create = true, .truncate = true}, &file)));
+  RETURN_IF_ERROR(ToStatus(file->write_at(0, index_bytes.data(), index_bytes.size())));
+  RETURN_IF_ERROR(ToStatus(file->sync()));
+  return index;
+}
+
 }  // namespace asyncckpt::testing_support
