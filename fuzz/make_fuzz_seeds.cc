@@ -98,7 +98,30 @@ int WriteCheckpointSeeds(io::FileSystem& file_system, const fs::path& work, cons
     WriteBytes(out / "reader" / name, JoinFiles(files));
     ++written;
   }
-  return written;
+  // A sharded checkpoint (flag 1): two ranks, "model/w" cut 5/3 rows, "global_step" whole.
+  const fs::path dir = work / "model.ckpt-sharded";
+  fs::create_directories(dir);
+  const float* w = data.smooth.data();
+  const std::vector<std::vector<testing_support::HostSlice>> ranks = {
+      {{{"model/w", DType::kF32, {5, 12}, w, 5 * 12 * sizeof(float)}, {8, 12}, {0, 0}},
+       {{"global_step", DType::kI64, {}, &data.scalar, sizeof(data.scalar)}, {}, {}}},
+      {{{"model/w", DType::kF32, {3, 12}, w + 5 * 12, 3 * 12 * sizeof(float)}, {8, 12}, {5, 0}}}};
+  testing_support::WriterOptions options;
+  options.chunk_bytes = 96;
+  options.num_data_files = 1;
+  Result<format::Index> index = testing_support::WriteShardedCheckpointFiles(
+      file_system, dir.string(), ranks, CheckpointMetadata{7, 1.7e9, {}}, options);
+  if (!index.ok()) {
+    std::fprintf(stderr, "make_fuzz_seeds: %s\n", index.status().ToString().c_str());
+    return -1;
+  }
+  std::vector<std::vector<uint8_t>> files{ReadBytes(dir / format::kIndexFileName)};
+  for (uint32_t i = 0; i < index->num_data_files; ++i) {
+    files.push_back(ReadBytes(dir / format::DataFileName(i, index->num_data_files)));
+  }
+  WriteBytes(out / "index" / "seed-sharded", files[0]);
+  WriteBytes(out / "reader" / "seed-sharded", JoinFiles(files));
+  return written + 1;
 }
 
 int WriteStateSeeds(io::FileSystem& file_system, const fs::path& work, const fs::path& out) {

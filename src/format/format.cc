@@ -1,6 +1,7 @@
 #include "src/format/format.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -544,6 +545,64 @@ bool Overlap(const TensorEntry& a, const TensorEntry& b) {
   return true;
 }
 
+// Most pairs of slices the overlap sweep compares for one name before it gives up (a hostile
+// index can make the sweep quadratic; a real job's slices never reach the sweep, CornersTile
+// proves their tiling first).
+constexpr uint64_t kMaxSweepComparisons = 1ull << 24;
+// Most dimensions in which CornersTile handles slices that do not span the whole global extent
+// (2^this corners per slice).
+constexpr size_t kMaxCornerDims = 4;
+
+struct CornerHash {
+  size_t operator()(const std::array<int64_t, kMaxCornerDims>& c) const {
+    uint64_t h = 0x9E3779B97F4A7C15ULL;
+    for (int64_t v : c) h = (h ^ static_cast<uint64_t>(v)) * 0xBF58476D1CE4E5B9ULL;
+    return static_cast<size_t>(h ^ (h >> 31));
+  }
+};
+
+// Whether the non-empty slices `live` (positions into `slices`), all inside the global shape,
+// cover every element of it an odd number of times: true exactly when every corner of a slice
+// appears an even number of times among all slices' corners, except the global box's corners,
+// once each (the lattice's mixed difference of a box's indicator is ±1 at its 2^d corners and
+// is invertible, so corner parities fix coverage parities). With elements adding up to the
+// global shape's, odd coverage everywhere is coverage exactly once: a tiling, in
+// O(slices × 2^d) instead of a search for overlapping pairs. False also when the slices are
+// cut in more than kMaxCornerDims dimensions (the caller then searches).
+bool CornersTile(const Index& index, const std::vector<size_t>& slices,
+                 const std::vector<size_t>& live) {
+  const TensorEntry& first = index.tensors[slices[0]];
+  std::vector<size_t> cut;  // dimensions in which some slice is not the whole extent
+  for (size_t d = 0; d < first.global_shape.size(); ++d) {
+    for (size_t k : live) {
+      const TensorEntry& t = index.tensors[slices[k]];
+      if (t.box_offset[d] != 0 || t.shape[d] != first.global_shape[d]) {
+        cut.push_back(d);
+        break;
+      }
+    }
+  }
+  if (cut.size() > kMaxCornerDims) return false;
+  std::unordered_set<std::array<int64_t, kMaxCornerDims>, CornerHash> odd;
+  odd.reserve(live.size() << cut.size());
+  auto toggle = [&](const std::vector<int64_t>& lo, const std::vector<int64_t>& extent) {
+    for (uint32_t mask = 0; mask < (1u << cut.size()); ++mask) {
+      std::array<int64_t, kMaxCornerDims> corner{};
+      for (size_t j = 0; j < cut.size(); ++j) {
+        const size_t d = cut[j];
+        corner[j] = lo[d] + ((mask >> j) & 1 ? extent[d] : 0);
+      }
+      if (!odd.insert(corner).second) odd.erase(corner);
+    }
+  };
+  for (size_t k : live) {
+    const TensorEntry& t = index.tensors[slices[k]];
+    toggle(t.box_offset, t.shape);
+  }
+  toggle(std::vector<int64_t>(first.global_shape.size(), 0), first.global_shape);
+  return odd.empty();
+}
+
 // The slices of one name (indices into index.tensors, in index order, each already through
 // CheckSlice): one dtype and global shape, one slice per writer rank, no two sharing an element,
 // and with `tiling`, every element of the global shape in a slice.
@@ -576,19 +635,29 @@ Status CheckSlicesOfOneName(const Index& index, const std::vector<size_t>& slice
           " and slice " + std::to_string(by_rank[i].second) + " have the same writer rank");
     }
   }
+  const size_t rank = first.shape.size();
+  auto at = [&](size_t k) -> const TensorEntry& { return index.tensors[slices[k]]; };
+  std::vector<size_t> live;  // positions k of slices with at least one element
+  uint64_t covered = 0;      // their elements; inside the global shape, so no overflow until
+                             // more than its elements are claimed, which stops the sum
+  const uint64_t global = static_cast<uint64_t>(NumElements(first.global_shape));
+  for (size_t k = 0; k < slices.size(); ++k) {
+    const uint64_t elements = static_cast<uint64_t>(NumElements(at(k).shape));
+    if (elements == 0) continue;
+    live.push_back(k);
+    if (covered <= global) covered += elements;
+  }
+  // The quick proof of a tiling; when it does not hold, the sweep below says what is wrong.
+  if (tiling && covered == global && CornersTile(index, slices, live)) return Status::OK();
+
   // Sweep along the dimension with the most distinct offsets: slices leave the active set once
   // the sweep passes their end, so a slice is compared only with those it could touch there.
-  const size_t rank = first.shape.size();
-  std::vector<size_t> live;  // positions k of slices with at least one element
-  for (size_t k = 0; k < slices.size(); ++k) {
-    if (NumElements(index.tensors[slices[k]].shape) > 0) live.push_back(k);
-  }
   size_t sweep = 0;
   size_t most = 0;
   for (size_t d = 0; d < rank; ++d) {
     std::vector<int64_t> offsets;
     offsets.reserve(live.size());
-    for (size_t k : live) offsets.push_back(index.tensors[slices[k]].box_offset[d]);
+    for (size_t k : live) offsets.push_back(at(k).box_offset[d]);
     std::sort(offsets.begin(), offsets.end());
     const size_t distinct =
         static_cast<size_t>(std::unique(offsets.begin(), offsets.end()) - offsets.begin());
@@ -597,15 +666,22 @@ Status CheckSlicesOfOneName(const Index& index, const std::vector<size_t>& slice
       sweep = d;
     }
   }
-  auto at = [&](size_t k) -> const TensorEntry& { return index.tensors[slices[k]]; };
   auto start = [&](size_t k) { return rank == 0 ? 0 : at(k).box_offset[sweep]; };
   std::stable_sort(live.begin(), live.end(),
                    [&](size_t a, size_t b) { return start(a) < start(b); });
   std::vector<size_t> active;
-  uint64_t covered = 0;
+  uint64_t comparisons = 0;
   for (size_t k : live) {
     if (rank > 0) {
       std::erase_if(active, [&](size_t a) { return End(at(a), sweep) <= start(k); });
+    }
+    comparisons += active.size();
+    if (comparisons > kMaxSweepComparisons) {
+      // Only a hostile index gets here (a real job's slices pass CornersTile): bounded work.
+      return Status::Corruption(
+          prefix + "tensor " + Quote(first.name) + ": its " + std::to_string(slices.size()) +
+          " slices do not tile its global shape " + ShapeText(first.global_shape) +
+          " (too many to name the slices that overlap or the gap)");
     }
     for (size_t a : active) {
       if (Overlap(at(a), at(k))) {
@@ -618,9 +694,7 @@ Status CheckSlicesOfOneName(const Index& index, const std::vector<size_t>& slice
       }
     }
     active.push_back(k);
-    covered += static_cast<uint64_t>(NumElements(at(k).shape));
   }
-  const uint64_t global = static_cast<uint64_t>(NumElements(first.global_shape));
   // Inside the global shape and without overlap, the slices tile it exactly when their
   // elements add up to its own.
   if (tiling && covered != global) {

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -688,6 +689,62 @@ TEST(ShardedIndexTest, ManySlicesOnAGridAreCheckedQuickly) {
   index.tensors.back().box_offset = {0, 0};
   ExpectCorruption(DecodeIndex(EncodeIndex(index), kPath, sizes).status(),
                    {"tensor 't' slice 0 (box [0:1, 0:1] by rank 0) and slice 255", "overlap"});
+}
+
+// Columns [0:rows, j] for j < half, and single elements [i, half] for i < tiny: with tiny == rows
+// a tiling whose overlap sweep would be quadratic (every column stays active along dim 0).
+Index LongAndTinySlices(uint32_t half, int64_t rows, uint32_t tiny) {
+  Index index;
+  index.sharded = true;
+  index.world_size = half + tiny;
+  index.num_data_files = half + tiny;
+  uint32_t r = 0;
+  const std::vector<int64_t> global = {rows, int64_t{half} + 1};
+  for (int64_t j = 0; j < half; ++j, ++r) {
+    index.tensors.push_back(Slice("t", global, {0, j}, {rows, 1}, r, r, 0, DType::kU8));
+  }
+  for (int64_t i = 0; i < tiny; ++i, ++r) {
+    index.tensors.push_back(Slice("t", global, {i, int64_t{half}}, {1, 1}, r, r, 0, DType::kU8));
+  }
+  return index;
+}
+
+TEST(ShardedIndexTest, ATilingTheSweepWouldFindQuadraticIsProvedByItsCorners) {
+  const Index index = LongAndTinySlices(8192, 8192, 8192);
+  const auto start = std::chrono::steady_clock::now();
+  Result<Index> parsed = ParseIndex(EncodeIndex(index), kPath);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  // Generous for a Debug build on a busy machine; the sweep would take minutes.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
+TEST(ShardedIndexTest, HostileSlicesAreRefusedInBoundedTime) {
+  // One element short of a tiling: the corners do not prove it, and the sweep gives up after
+  // kMaxSweepComparisons instead of comparing all 1.8 * 10^7 pairs of the single elements.
+  const Index index = LongAndTinySlices(6000, 6001, 6000);
+  const auto start = std::chrono::steady_clock::now();
+  ExpectCorruption(ParseIndex(EncodeIndex(index), kPath).status(),
+                   {"tensor 't': its 12000 slices do not tile its global shape [6001, 6001]",
+                    "too many to name"});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60));
+}
+
+TEST(ShardedIndexTest, SlicesCutInMoreDimensionsThanTheCornerProofTakesAreSwept) {
+  // 32 single elements tiling [2, 2, 2, 2, 2]: five cut dimensions.
+  Index index;
+  index.sharded = true;
+  index.world_size = 32;
+  index.num_data_files = 32;
+  for (uint32_t r = 0; r < 32; ++r) {
+    std::vector<int64_t> at;
+    for (uint32_t d = 0; d < 5; ++d) at.push_back((r >> (4 - d)) & 1);
+    index.tensors.push_back(Slice("p", {2, 2, 2, 2, 2}, at, {1, 1, 1, 1, 1}, r, r, 0, DType::kU8));
+  }
+  EXPECT_TRUE(ParseIndex(EncodeIndex(index), kPath).ok());
+  index.tensors.back().box_offset = {0, 0, 0, 0, 0};
+  ExpectCorruption(
+      ParseIndex(EncodeIndex(index), kPath).status(),
+      {"tensor 'p' slice 0 (box [0:1, 0:1, 0:1, 0:1, 0:1] by rank 0) and slice 31", "overlap"});
 }
 
 TEST(ShardedIndexTest, EveryTruncationAndBitFlipIsCorruption) {

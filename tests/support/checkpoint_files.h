@@ -153,7 +153,9 @@ inline Result<format::Index> WriteShardedCheckpointFiles(
   const uint32_t per_rank = options.num_data_files;
   std::vector<format::Index> parts;
   for (uint32_t r = 0; r < world; ++r) {
-    const std::string rank_dir = dir + "/rank-" + std::to_string(r);
+    std::string rank_dir = dir;  // appended: GCC 12 -O3 -Wrestrict false positive otherwise
+    rank_dir += "/rank-";
+    rank_dir += std::to_string(r);
     RETURN_IF_ERROR(ToStatus(fs.create_dir(rank_dir)));
     std::vector<format::HostTensor> tensors;
     for (const HostSlice& slice : slices[r]) tensors.push_back(slice.tensor);
