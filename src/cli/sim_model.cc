@@ -4,6 +4,7 @@
 #include <oneapi/tbb/parallel_for.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -64,21 +65,23 @@ inline T Store(float x) {
     return static_cast<T>(x);
 }
 
+// `base` is the global index of element 0: the noise follows the global index, so a shard's
+// elements take the values the same elements of the whole tensor take.
 template <typename T>
-void SgdUpdate(T* param, size_t n, uint64_t key) {
+void SgdUpdate(T* param, size_t n, uint64_t key, uint64_t base) {
   tbb::parallel_for(tbb::blocked_range<size_t>(0, n, 1 << 16), [&](const auto& range) {
     for (size_t i = range.begin(); i != range.end(); ++i) {
       const float p = Load(param[i]);
-      param[i] = Store<T>(p - kLearningRate * (Noise(key, i) + kWeightDecay * p));
+      param[i] = Store<T>(p - kLearningRate * (Noise(key, base + i) + kWeightDecay * p));
     }
   });
 }
 
 template <typename T>
-void AdamUpdate(T* param, T* m, T* v, size_t n, uint64_t key) {
+void AdamUpdate(T* param, T* m, T* v, size_t n, uint64_t key, uint64_t base) {
   tbb::parallel_for(tbb::blocked_range<size_t>(0, n, 1 << 16), [&](const auto& range) {
     for (size_t i = range.begin(); i != range.end(); ++i) {
-      const float g = Noise(key, i);
+      const float g = Noise(key, base + i);
       const float mi = kBeta1 * Load(m[i]) + (1 - kBeta1) * g;
       const float vi = kBeta2 * Load(v[i]) + (1 - kBeta2) * g * g;
       m[i] = Store<T>(mi);
@@ -89,22 +92,37 @@ void AdamUpdate(T* param, T* m, T* v, size_t n, uint64_t key) {
 }
 
 template <typename T>
-void FillInitial(T* data, size_t elements, uint64_t key, bool zero) {
+void FillInitial(T* data, size_t elements, uint64_t key, bool zero, uint64_t base) {
   tbb::parallel_for(tbb::blocked_range<size_t>(0, elements, 1 << 16), [&](const auto& range) {
     for (size_t i = range.begin(); i != range.end(); ++i) {
-      data[i] = Store<T>(zero ? 0.0f : Noise(key, i) * 0.1f);
+      data[i] = Store<T>(zero ? 0.0f : Noise(key, base + i) * 0.1f);
     }
   });
 }
 
 template <typename T>
-xt::xarray<T> InitialArray(size_t elements, uint64_t key, bool zero) {
+xt::xarray<T> InitialArray(size_t elements, uint64_t key, bool zero, uint64_t base) {
   xt::xarray<T> array = xt::xarray<T>::from_shape({elements});
-  FillInitial(array.data(), elements, key, zero);
+  FillInitial(array.data(), elements, key, zero, base);
   return array;
 }
 
 }  // namespace
+
+DimRange SplitDim0(uint64_t extent, int rank, int world_size) {
+  const uint64_t ranks = static_cast<uint64_t>(world_size);
+  const uint64_t r = static_cast<uint64_t>(rank);
+  const uint64_t base = extent / ranks;
+  const uint64_t extra = extent % ranks;
+  const uint64_t begin = r * base + std::min(r, extra);
+  return {begin, begin + base + (r < extra ? 1 : 0)};
+}
+
+uint64_t GlobalElementsPerTensor(const SimConfig& config) {
+  const uint64_t slots = config.optimizer == Optimizer::kAdam ? 3 : 1;
+  return config.state_bytes / (slots * static_cast<uint64_t>(config.num_tensors)) /
+         DTypeSize(config.dtype);
+}
 
 Status ValidateSimConfig(const SimConfig& config) {
   if (config.dtype != DType::kF32 && config.dtype != DType::kF64 && config.dtype != DType::kBF16) {
@@ -122,6 +140,19 @@ Status ValidateSimConfig(const SimConfig& config) {
                                    " is too small for " + std::to_string(config.num_tensors) +
                                    " tensors");
   }
+  if (config.shard) {
+    if (config.world_size < 1 || config.rank < 0 || config.rank >= config.world_size) {
+      return Status::InvalidArgument("rank " + std::to_string(config.rank) + " of " +
+                                     std::to_string(config.world_size) + " processes");
+    }
+    const uint64_t elements = GlobalElementsPerTensor(config);
+    if (elements < static_cast<uint64_t>(config.world_size)) {
+      return Status::InvalidArgument(
+          "--model_bytes " + std::to_string(config.state_bytes) + " gives each tensor " +
+          std::to_string(elements) + " elements, fewer than the " +
+          std::to_string(config.world_size) + " processes of --shard: every rank needs one");
+    }
+  }
   return Status::OK();
 }
 
@@ -136,17 +167,27 @@ Status SimModel::Build() {
   const bool adam = config_.optimizer == Optimizer::kAdam;
   const uint64_t slots = adam ? 3 : 1;
   const size_t elem = DTypeSize(config_.dtype);
-  const size_t elements = config_.state_bytes / (slots * config_.num_tensors) / elem;
+  const uint64_t global_elements = GlobalElementsPerTensor(config_);
+  range_ = config_.shard ? SplitDim0(global_elements, config_.rank, config_.world_size)
+                         : DimRange{0, global_elements};
+  const size_t elements = range_.size();
+  const uint64_t base = range_.begin;
   auto make = [&](uint64_t key, bool zero) -> Array {
     switch (config_.dtype) {
       case DType::kF64:
-        return InitialArray<double>(elements, key, zero);
+        return InitialArray<double>(elements, key, zero, base);
       case DType::kBF16:
-        return InitialArray<uint16_t>(elements, key, zero);
+        return InitialArray<uint16_t>(elements, key, zero, base);
       default:
-        return InitialArray<float>(elements, key, zero);
+        return InitialArray<float>(elements, key, zero, base);
     }
   };
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> global_offset;
+  if (config_.shard) {
+    global_shape = {static_cast<int64_t>(global_elements)};
+    global_offset = {static_cast<int64_t>(range_.begin)};
+  }
   arrays_.reserve(config_.num_tensors * slots);
   for (int t = 0; t < config_.num_tensors; ++t) {
     Slot slot{arrays_.size()};
@@ -171,8 +212,8 @@ Status SimModel::Build() {
                                            array.data(),
                                            array.size() * elem,
                                            nullptr,
-                                           {},
-                                           {}});
+                                           global_shape,
+                                           global_offset});
           },
           arrays_[index]);
     };
@@ -187,8 +228,8 @@ Status SimModel::Build() {
 
 void SimModel::Reset() {
   const bool adam = config_.optimizer == Optimizer::kAdam;
-  auto fill = [](Array& array, uint64_t key, bool zero) {
-    std::visit([&](auto& a) { FillInitial(a.data(), a.size(), key, zero); }, array);
+  auto fill = [this](Array& array, uint64_t key, bool zero) {
+    std::visit([&](auto& a) { FillInitial(a.data(), a.size(), key, zero, range_.begin); }, array);
   };
   for (size_t t = 0; t < slots_.size(); ++t) {
     fill(arrays_[slots_[t].param], Mix(config_.seed, t), false);
@@ -209,9 +250,9 @@ void SimModel::Step(int64_t step, uint64_t batch_mix) {
           if (adam) {
             auto& m = std::get<xt::xarray<T>>(arrays_[slots_[t].m]);
             auto& v = std::get<xt::xarray<T>>(arrays_[slots_[t].v]);
-            AdamUpdate(param.data(), m.data(), v.data(), param.size(), key);
+            AdamUpdate(param.data(), m.data(), v.data(), param.size(), key, range_.begin);
           } else {
-            SgdUpdate(param.data(), param.size(), key);
+            SgdUpdate(param.data(), param.size(), key, range_.begin);
           }
         },
         arrays_[slots_[t].param]);

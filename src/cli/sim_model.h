@@ -33,9 +33,36 @@ struct SimConfig {
   Optimizer optimizer = Optimizer::kAdam;
   /// Seed of the initial state and the synthetic gradients.
   uint64_t seed = 42;
+  /// train-sim --shard: every tensor is a global tensor split along dimension 0 over
+  /// `world_size` processes, and this process holds slice `rank` (SplitDim0), registered as a
+  /// shard (TensorRef::global_shape / global_offset). Every element's value depends only on its
+  /// global index, so the global state does not depend on the world size.
+  bool shard = false;
+  /// This process's rank (with shard).
+  int rank = 0;
+  /// Processes in the job (with shard).
+  int world_size = 1;
 };
 
-/// InvalidArgument naming the flag when the config is unsupported (dtype, tensor count, size).
+/// The half-open range [begin, end) of a dimension's indices that one rank holds.
+struct DimRange {
+  /// First index held.
+  uint64_t begin = 0;
+  /// One past the last index held.
+  uint64_t end = 0;
+  /// Indices held.
+  uint64_t size() const { return end - begin; }
+};
+
+/// Rank `rank`'s part of `extent` indices split over `world_size` ranks: the first
+/// extent % world_size ranks hold one index more than the others (uneven splits), in rank order.
+DimRange SplitDim0(uint64_t extent, int rank, int world_size);
+
+/// Elements of each global tensor of the model.
+uint64_t GlobalElementsPerTensor(const SimConfig& config);
+
+/// InvalidArgument naming the flag when the config is unsupported (dtype, tensor count, size, or
+/// tensors too small to give every rank at least one element).
 Status ValidateSimConfig(const SimConfig& config);
 
 /// A model whose state lives in xtensor arrays registered in a TensorRegistry. Not thread-safe.
@@ -52,7 +79,7 @@ class SimModel {
   /// Applies one training step: every element of every array changes, as a function of the
   /// seed, the step and `batch_mix` (a digest of the step's input batch).
   void Step(int64_t step, uint64_t batch_mix);
-  /// XXH3-64 over every tensor's bytes, in name order.
+  /// XXH3-64 over every tensor's bytes, in name order (with shard: this rank's slices only).
   uint64_t Digest() const;
   /// Total bytes of state.
   uint64_t state_bytes() const { return registry_.total_bytes(); }
@@ -69,6 +96,7 @@ class SimModel {
   Status Build();
 
   SimConfig config_;
+  DimRange range_;  // the global indices this process holds (all of them without shard)
   std::vector<Array> arrays_;
   std::vector<Slot> slots_;
   TensorRegistry registry_;

@@ -34,6 +34,7 @@
 #include "src/cli/memcpy_yardstick.h"
 #include "src/cli/memory_budget.h"
 #include "src/cli/naive_saver.h"
+#include "src/cli/shard_job.h"
 #include "src/cli/sim_model.h"
 #include "src/util/status_macros.h"
 
@@ -95,6 +96,15 @@ const std::vector<FlagSpec>& TrainSimFlags() {
        "add every step's time (the first 1000000 steps) to --metrics_json, for timelines", true},
       {"verify", "", "after training, verify every checkpoint the state file lists", true},
       {"quiet", "", "no progress line", true},
+      {"shard", "",
+       "run as one rank of a job under mpirun (`mpirun -np N asyncckpt train-sim --shard ...`): "
+       "each rank holds a slice along dimension 0 of every tensor (uneven when N does not "
+       "divide it) and its own input pipeline state (input_worker_<rank>.ckpt), the ranks save "
+       "one sharded checkpoint per step, and the final digest is of the global state; needs "
+       "--checkpoint_dir (shared by every rank) and a build with ASYNCCKPT_MPI",
+       true},
+      {"coordination_timeout_secs", "300",
+       "with --shard: longest wait for the other ranks, in a collective or a commit"},
       {"memcpy_yardstick", "true",
        "time a plain parallel memcpy of the state just before each save (needs a second copy "
        "of the state in memory)"},
@@ -128,6 +138,7 @@ struct TrainSimConfig {
   RecordDatasetOptions input;
   bool allow_fresh_start = false;
   std::set<int64_t> preempt_at_steps;
+  double coordination_timeout_secs = 300;  // --shard
 };
 
 // Longest simulated accelerator time per step: one hour. A step of 1e15 ms would sleep for 30
@@ -228,6 +239,10 @@ StateLayout LayoutOf(const SimConfig& model, uint64_t chunk_bytes) {
   StateLayout layout;
   layout.tensors = slots * static_cast<uint64_t>(model.num_tensors);
   layout.tensor_bytes = model.state_bytes / layout.tensors / elem * elem;
+  if (model.shard && model.world_size > 1) {
+    // This rank's slice: the largest one (rank 0's) when the split is uneven.
+    layout.tensor_bytes = SplitDim0(layout.tensor_bytes / elem, 0, model.world_size).size() * elem;
+  }
   layout.chunk_bytes = std::max(elem, chunk_bytes / elem * elem);
   return layout;
 }
@@ -357,9 +372,21 @@ Status CheckInputFlags(const ParsedFlags& flags, TrainSimConfig& config) {
   return Status::OK();
 }
 
+// --shard: this process's place in the job.
+struct ShardContext {
+  int rank = 0;
+  int world_size = 1;
+};
+
 // Every flag checked, each message quoting the value as given: InvalidArgument (exit 2).
-Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
+Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags,
+                                       const ShardContext* shard = nullptr) {
   TrainSimConfig config;
+  if (shard != nullptr) {
+    config.model.shard = true;
+    config.model.rank = shard->rank;
+    config.model.world_size = shard->world_size;
+  }
   ASSIGN_OR_RETURN(config.steps, IntFlag(flags, "steps", 0, INT64_MAX));
   RETURN_IF_ERROR(CheckModelFlags(flags, config));
   ASSIGN_OR_RETURN(config.step_ms, DoubleFlag(flags, "step_ms", 0, kMaxStepMs,
@@ -367,6 +394,25 @@ Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags) {
   RETURN_IF_ERROR(CheckSaverFlags(flags, config));
   RETURN_IF_ERROR(CheckInputFlags(flags, config));
   config.metrics_json = flags.get("metrics_json");
+  if (config.model.shard) {
+    // Rank 0 applies the model's retention: it pairs with rank 0's own input checkpoints.
+    InputPipelineOptions input;
+    input.num_workers = config.model.world_size;
+    input.task_id = config.model.rank;
+    config.saver.paired_input_basename = InputCheckpointBasename(input);
+    if (!config.dir_was_given) {
+      return Status::InvalidArgument(
+          "--shard needs --checkpoint_dir: every rank writes into the same directory");
+    }
+    if (config.saver_kind == "naive") {
+      return Status::InvalidArgument(
+          "--saver naive has no multi-process form (every rank would write the same files); "
+          "--shard takes async, sync or none");
+    }
+    ASSIGN_OR_RETURN(
+        config.coordination_timeout_secs,
+        DoubleFlag(flags, "coordination_timeout_secs", 1e-3, 1e9, "a positive number of seconds"));
+  }
   config.verify = flags.get_switch("verify");
   config.step_series = flags.get_switch("step_series");
   config.quiet = flags.get_switch("quiet");
@@ -520,6 +566,17 @@ struct StepPoint {
   bool saved = false;
 };
 
+// One rank's figures of a --shard job.
+struct RankFigures {
+  uint64_t shard_bytes = 0;
+  double blocked_median = 0;
+  double blocked_max = 0;
+  double memcpy_median = 0;
+  double durable_median = 0;
+  uint64_t restore_bytes_read = 0;
+  double restore_seconds = 0;
+};
+
 struct RunSummary {
   int64_t start_step = 0;
   int64_t final_step = 0;
@@ -541,6 +598,12 @@ struct RunSummary {
   int64_t records_consumed = 0;
   int64_t input_checkpoints = 0;
   int64_t recoveries = 0;
+  // --shard: this rank and the job's figures, each rank's in rank order (gathered to every rank).
+  int rank = 0;
+  int world_size = 1;
+  uint64_t restore_bytes_read = 0;
+  double restore_seconds = 0;
+  std::vector<RankFigures> ranks;
 };
 
 // The hook of --saver; null for --saver none.
@@ -586,6 +649,12 @@ InputPipelineOptions InputOptions(const TrainSimConfig& config) {
   options.force_posix_io = config.saver.force_posix_io;
   options.on_error = config.saver.on_error;
   options.clock = config.saver.clock;
+  if (config.model.shard) {
+    // TensorFlow's per-worker suffix: each rank saves and restores its own input position.
+    options.num_workers = config.model.world_size;
+    options.task_type = "worker";
+    options.task_id = config.model.rank;
+  }
   return options;
 }
 
@@ -609,16 +678,48 @@ Result<std::unique_ptr<CheckpointSessionCreator>> MakeCreator(const TrainSimConf
   return CheckpointSessionCreator::Create(std::move(options), &model->registry());
 }
 
-Result<std::unique_ptr<RecordDatasetIterator>> OpenInput(TrainSimConfig& config) {
+// --shard: every rank agrees on the step to resume (ShardedSessionCreator). The input pairs
+// with the model unless the saver writes no input checkpoints (none, naive: a restore of the
+// model alone, on any number of ranks).
+Result<std::unique_ptr<ShardedSessionCreator>> MakeShardedCreator(const TrainSimConfig& config,
+                                                                  SimModel* model,
+                                                                  Coordinator* coordinator) {
+  ShardedSessionCreatorOptions options;
+  options.checkpoint_dir = config.saver.checkpoint_dir;
+  options.model_basename = config.saver.basename;
+  if (config.saver_kind == "sync" || config.saver_kind == "async") {
+    options.input_basename = InputCheckpointBasename(InputOptions(config));
+    options.input_state_file = InputStateFileName(InputOptions(config));
+  }
+  options.allow_fresh_start = config.allow_fresh_start;
+  options.init_fn = [model] {
+    model->Reset();
+    return Status::OK();
+  };
+  return ShardedSessionCreator::Create(std::move(options), coordinator, &model->registry());
+}
+
+// With a coordinator, rank 0 alone writes a missing dataset, and the others open it after.
+Result<std::unique_ptr<RecordDatasetIterator>> OpenInput(TrainSimConfig& config,
+                                                         Coordinator* coordinator) {
   if (config.dataset.empty())
     config.dataset = config.saver.checkpoint_dir + "/train-sim-dataset.bin";
   std::error_code ec;
   std::filesystem::create_directories(config.saver.checkpoint_dir, ec);
-  if (!std::filesystem::exists(config.dataset, ec)) {
-    RETURN_IF_ERROR(WriteRecordDataset(config.dataset, config.dataset_records, config.record_bytes,
-                                       config.model.seed)
-                        .WithContext("writing the synthetic dataset"));
+  Status written;
+  if ((coordinator == nullptr || coordinator->rank() == 0) &&
+      !std::filesystem::exists(config.dataset, ec)) {
+    written = WriteRecordDataset(config.dataset, config.dataset_records, config.record_bytes,
+                                 config.model.seed)
+                  .WithContext("writing the synthetic dataset");
   }
+  if (coordinator != nullptr) {
+    ASSIGN_OR_RETURN(auto outcomes, GatherValues(*coordinator, written.ok() ? 0 : 1));
+    if (outcomes[0] != 0 && written.ok()) {
+      return Status::Unavailable("rank 0 could not write the dataset " + config.dataset);
+    }
+  }
+  RETURN_IF_ERROR(written);
   config.input.path = config.dataset;
   return RecordDatasetIterator::Open(config.input);
 }
@@ -665,22 +766,88 @@ uint64_t PeakRssBytes() {
   return 0;
 }
 
-Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
+uint64_t DoubleBits(double value) {
+  uint64_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+double BitsDouble(uint64_t bits) {
+  double value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+// Every rank's figures, in rank order. Collective.
+Result<std::vector<RankFigures>> GatherFigures(Coordinator& coordinator, const RunSummary& s) {
+  std::vector<double> blocked;
+  for (const auto& save : s.totals.saves) blocked.push_back(save.blocked_seconds);
+  std::vector<double> memcpys;
+  for (const auto& [step, seconds] : s.memcpy_seconds_by_step) memcpys.push_back(seconds);
+  std::vector<double> durable;
+  for (const auto& save : s.totals.saves) {
+    if (save.status.ok()) durable.push_back(save.seconds_to_durable);
+  }
+  const std::vector<uint64_t> mine = {s.state_bytes,
+                                      DoubleBits(Percentile(blocked, 50)),
+                                      DoubleBits(s.totals.blocked_seconds_max),
+                                      DoubleBits(Percentile(memcpys, 50)),
+                                      DoubleBits(Percentile(durable, 50)),
+                                      s.restore_bytes_read,
+                                      DoubleBits(s.restore_seconds)};
+  std::vector<std::vector<uint64_t>> columns;
+  for (uint64_t value : mine) {
+    ASSIGN_OR_RETURN(auto column, GatherValues(coordinator, value));
+    columns.push_back(std::move(column));
+  }
+  std::vector<RankFigures> figures(columns[0].size());
+  for (size_t r = 0; r < figures.size(); ++r) {
+    figures[r] = {columns[0][r],
+                  BitsDouble(columns[1][r]),
+                  BitsDouble(columns[2][r]),
+                  BitsDouble(columns[3][r]),
+                  BitsDouble(columns[4][r]),
+                  columns[5][r],
+                  BitsDouble(columns[6][r])};
+  }
+  return figures;
+}
+
+// `coordinator`: the job's, with --shard; null for a job of one process.
+Status RunTrainSim(TrainSimConfig& config, RunSummary* summary, Coordinator* coordinator) {
+  const bool lead = coordinator == nullptr || coordinator->rank() == 0;
+  if (coordinator != nullptr) {
+    summary->rank = coordinator->rank();
+    summary->world_size = coordinator->size();
+  }
   if (!config.dir_was_given) {
     ASSIGN_OR_RETURN(config.saver.checkpoint_dir, MakeTempCheckpointDir());
   }
-  std::fprintf(stderr, "train-sim: checkpoint_dir %s\n", config.saver.checkpoint_dir.c_str());
+  if (lead) {
+    std::fprintf(stderr, "train-sim: checkpoint_dir %s\n", config.saver.checkpoint_dir.c_str());
+  }
   ASSIGN_OR_RETURN(auto model, SimModel::Create(config.model));
   const TensorRegistry& registry = model->registry();
-  std::fprintf(
-      stderr, "train-sim: %zu tensors, %s of state, %s saver, saving every %s\n", registry.size(),
-      FormatBytes(double(registry.total_bytes())).c_str(), config.saver_kind.c_str(),
-      config.saver.save_steps ? (std::to_string(*config.saver.save_steps) + " steps").c_str()
-                              : (std::to_string(*config.saver.save_secs) + " s").c_str());
+  if (coordinator != nullptr) {
+    std::fprintf(stderr, "train-sim: rank %d of %d (pid %d) holds %s of the state\n",
+                 coordinator->rank(), coordinator->size(), static_cast<int>(getpid()),
+                 FormatBytes(double(registry.total_bytes())).c_str());
+  }
+  if (lead)
+    std::fprintf(
+        stderr, "train-sim: %zu tensors, %s of state, %s saver, saving every %s\n", registry.size(),
+        FormatBytes(double(registry.total_bytes())).c_str(), config.saver_kind.c_str(),
+        config.saver.save_steps ? (std::to_string(*config.saver.save_steps) + " steps").c_str()
+                                : (std::to_string(*config.saver.save_secs) + " s").c_str());
   summary->state_bytes = registry.total_bytes();
   summary->tensors = registry.size();
 
-  ASSIGN_OR_RETURN(auto input, OpenInput(config));
+  ASSIGN_OR_RETURN(auto input, OpenInput(config, coordinator));
+  if (coordinator != nullptr) {
+    // The savers of the ranks save one checkpoint together (docs/distributed.md).
+    config.saver.coordinator = coordinator;
+    config.saver.coordination_timeout_secs = config.coordination_timeout_secs;
+  }
   // Every hook's save_secs timer reads the time the step ended, not its own moment inside
   // after_run: otherwise the memcpy or the save before a hook can push it past a trigger the
   // others missed, and model, input and yardstick go on saving at different steps.
@@ -703,15 +870,35 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
     ASSIGN_OR_RETURN(yardstick, MemcpyYardstickHook::Create(&registry, config.saver));
     hooks.insert(hooks.begin(), yardstick.get());  // runs just before the saver
   }
-  ASSIGN_OR_RETURN(auto creator, MakeCreator(config, model.get()));
-  ASSIGN_OR_RETURN(auto session, MonitoredSession::Create(hooks, creator.get()));
+  std::unique_ptr<CheckpointSessionCreator> single_creator;
+  std::unique_ptr<ShardedSessionCreator> sharded_creator;
+  SessionCreator* creator = nullptr;
+  if (coordinator != nullptr) {
+    ASSIGN_OR_RETURN(sharded_creator, MakeShardedCreator(config, model.get(), coordinator));
+    creator = sharded_creator.get();
+  } else {
+    ASSIGN_OR_RETURN(single_creator, MakeCreator(config, model.get()));
+    creator = single_creator.get();
+  }
+  ASSIGN_OR_RETURN(auto session, MonitoredSession::Create(hooks, creator));
   summary->start_step = session->global_step();
-  if (!creator->restored_from().empty()) {
+  const std::string restored_from =
+      sharded_creator ? sharded_creator->restored_from() : single_creator->restored_from();
+  if (sharded_creator) {
+    summary->restore_bytes_read = sharded_creator->restore_bytes_read();
+    summary->restore_seconds = sharded_creator->restore_seconds();
+    if (!restored_from.empty()) {
+      std::fprintf(stderr,
+                   "train-sim: rank %d restored step %" PRId64 " from %s: read %" PRIu64
+                   " bytes in %.3f s\n",
+                   coordinator->rank(), summary->start_step, restored_from.c_str(),
+                   summary->restore_bytes_read, summary->restore_seconds);
+    }
+  } else if (!restored_from.empty()) {
     std::fprintf(stderr,
                  "train-sim: resuming at step %" PRId64 " from %s and %s/%s-%" PRId64
                  " (the newest step with both a model and an input checkpoint)\n",
-                 summary->start_step, creator->restored_from().c_str(),
-                 config.saver.checkpoint_dir.c_str(),
+                 summary->start_step, restored_from.c_str(), config.saver.checkpoint_dir.c_str(),
                  InputCheckpointBasename(InputOptions(config)).c_str(), summary->start_step);
   }
   std::vector<uint8_t> batch;
@@ -729,7 +916,14 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
       if (config.step_ms > 0) {
         std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config.step_ms));
       }
-      step_end->store(SystemClockSeconds());
+      if (coordinator != nullptr && config.saver.save_secs) {
+        // One clock for the job: every rank's input hook (and yardstick) then reaches each
+        // save_secs trigger at the same step, as the model savers do.
+        ASSIGN_OR_RETURN(double now, RankZeroValue(*coordinator, SystemClockSeconds()));
+        step_end->store(now);
+      } else {
+        step_end->store(SystemClockSeconds());
+      }
       // After the step's work, which the pre-emption loses: the session must restore it.
       if (config.preempt_at_steps.count(ctx.step()) && preempted.insert(ctx.step()).second) {
         return Status::Unavailable("simulated pre-emption at step " + std::to_string(ctx.step()) +
@@ -752,7 +946,8 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
     if (config.step_series && summary->step_series.size() < kMaxSeriesSteps) {
       summary->step_series.push_back({session->global_step(), ms, saved});
     }
-    if (!config.quiet && SteadyClock::now() - last_progress > std::chrono::milliseconds(500)) {
+    if (!config.quiet && lead &&
+        SteadyClock::now() - last_progress > std::chrono::milliseconds(500)) {
       last_progress = SteadyClock::now();
       const SaverTotals now = totals();
       std::fprintf(
@@ -769,22 +964,29 @@ Status RunTrainSim(TrainSimConfig& config, RunSummary* summary) {
     status = Status::OK();
   }
   Status closed = session->close();
-  if (!config.quiet) std::fprintf(stderr, "\n");
+  if (!config.quiet && lead) std::fprintf(stderr, "\n");
   if (status.ok()) status = closed;
   RETURN_IF_ERROR(status);
   summary->wall_seconds = std::chrono::duration<double>(SteadyClock::now() - wall_start).count();
   summary->final_step = session->global_step();
   summary->recoveries = session->recoveries();
   summary->totals = totals();
-  summary->digest = model->Digest();
+  if (coordinator != nullptr) {
+    ASSIGN_OR_RETURN(summary->digest, GlobalDigest(*coordinator, registry));
+  } else {
+    summary->digest = model->Digest();
+  }
   summary->input_digest = IteratorDigest(*input);
   summary->records_consumed = input->records_emitted();
   summary->input_checkpoints = input_hook ? input_hook->saves_committed() : 0;
   if (yardstick) summary->memcpy_seconds_by_step = yardstick->seconds_by_step();
   summary->peak_rss_bytes = PeakRssBytes();
   // naive and none write no checkpoint the reader could verify.
-  if (config.verify && input_hook) {
+  if (config.verify && input_hook && lead) {
     RETURN_IF_ERROR(VerifyListed(config.saver.checkpoint_dir, &summary->verified));
+  }
+  if (coordinator != nullptr) {
+    ASSIGN_OR_RETURN(summary->ranks, GatherFigures(*coordinator, *summary));
   }
   return Status::OK();
 }
@@ -898,6 +1100,21 @@ void PrintSummary(const TrainSimConfig& config, const RunSummary& s, uint64_t st
   std::printf("input              %" PRId64 " records consumed, %" PRId64
               " input checkpoints, input_state_digest %s\n",
               s.records_consumed, s.input_checkpoints, Hex(s.input_digest).c_str());
+  if (!s.ranks.empty()) {
+    std::printf(
+        "ranks              %d, each holding a dimension-0 slice of every tensor; the "
+        "digest below is of the global state\n",
+        s.world_size);
+    for (size_t r = 0; r < s.ranks.size(); ++r) {
+      const RankFigures& f = s.ranks[r];
+      std::printf(
+          "rank %-3zu           shard %s | blocked per save median %.4f s, max %.4f s | "
+          "memcpy of shard median %.4f s | durable median %.3f s | restore read %" PRIu64
+          " bytes in %.3f s\n",
+          r, FormatBytes(double(f.shard_bytes)).c_str(), f.blocked_median, f.blocked_max,
+          f.memcpy_median, f.durable_median, f.restore_bytes_read, f.restore_seconds);
+    }
+  }
   std::printf("final_state_digest %s\n", Hex(s.digest).c_str());
 }
 
@@ -983,6 +1200,26 @@ Status WriteMetricsJson(const TrainSimConfig& config, const RunSummary& s, uint6
   json.field("input_state_digest", Hex(s.input_digest));
   json.field("records_consumed", s.records_consumed);
   json.field("input_checkpoints_committed", s.input_checkpoints);
+  if (!s.ranks.empty()) {
+    // --shard: the digest above is of the global state; state_bytes and the per-save figures
+    // are rank 0's, and every rank's are here.
+    json.field("world_size", static_cast<int64_t>(s.world_size));
+    json.key("ranks").begin_array();
+    for (size_t r = 0; r < s.ranks.size(); ++r) {
+      const RankFigures& f = s.ranks[r];
+      json.begin_object();
+      json.field("rank", static_cast<int64_t>(r));
+      json.field("shard_bytes", f.shard_bytes);
+      json.field("blocked_seconds_per_save_median", f.blocked_median);
+      json.field("blocked_seconds_per_save_max", f.blocked_max);
+      json.field("shard_memcpy_seconds_median", f.memcpy_median);
+      json.field("seconds_to_durable_median", f.durable_median);
+      json.field("restore_bytes_read", f.restore_bytes_read);
+      json.field("restore_seconds", f.restore_seconds);
+      json.end_object();
+    }
+    json.end_array();
+  }
   if (config.step_series) {
     json.key("step_series").begin_object();
     json.key("step").begin_array();
@@ -1021,19 +1258,44 @@ int TrainSimCommand(int argc, char** argv) {
                  flags->positional()[0].c_str());
     return kExitUsage;
   }
-  auto config = ConfigFromFlags(*flags);
+  // --shard: MPI starts before the flags are checked, since the checks need the rank and the
+  // number of ranks. Every rank checks the same flags, so a bad one fails every rank alike.
+  std::unique_ptr<MpiSession> mpi;
+  Coordinator* coordinator = nullptr;
+  if (flags->get_switch("shard")) {
+    auto timeout = flags->get_double("coordination_timeout_secs");
+    auto started = MpiSession::Start(timeout.ok() && *timeout > 0 ? *timeout : 300);
+    if (!started.ok()) {
+      std::fprintf(stderr, "asyncckpt train-sim: %s\n", started.status().message().c_str());
+      return started.status().code() == StatusCode::kFailedPrecondition ? kExitUsage : kExitFailed;
+    }
+    mpi = std::move(started).value();
+    coordinator = &mpi->coordinator();
+  }
+  const bool lead = coordinator == nullptr || coordinator->rank() == 0;
+  auto config = [&]() -> Result<TrainSimConfig> {
+    if (coordinator == nullptr) return ConfigFromFlags(*flags);
+    // The model's checks need the rank and the world size; ConfigFromFlags reads them here.
+    ShardContext context{coordinator->rank(), coordinator->size()};
+    return ConfigFromFlags(*flags, &context);
+  }();
   Status usable = config.ok() ? CheckMemory(*flags, *config) : config.status();
   if (!usable.ok()) {
-    std::fprintf(stderr, "asyncckpt train-sim: %s\n", usable.message().c_str());
+    if (lead) std::fprintf(stderr, "asyncckpt train-sim: %s\n", usable.message().c_str());
     return kExitUsage;
   }
   RunSummary summary;
-  Status status = RunTrainSim(*config, &summary);
+  Status status = RunTrainSim(*config, &summary, coordinator);
   const uint64_t state_bytes = summary.state_bytes;
   if (!status.ok()) {
-    std::fprintf(stderr, "asyncckpt train-sim: %s\n", status.ToString().c_str());
+    std::fprintf(stderr, "asyncckpt train-sim: %s%s\n",
+                 coordinator ? ("rank " + std::to_string(coordinator->rank()) + ": ").c_str() : "",
+                 status.ToString().c_str());
+    // The other ranks may be waiting for this one in a collective: end the job.
+    if (mpi && coordinator->size() > 1) mpi->Abort(kExitFailed);
     return kExitFailed;
   }
+  if (!lead) return kExitOk;
   PrintSummary(*config, summary, state_bytes);
   if (!config->metrics_json.empty()) {
     Status written = WriteMetricsJson(*config, summary, state_bytes);

@@ -119,6 +119,11 @@ class Engine::Impl {
   void CopyWave(SaveJob& save, std::vector<ChunkPtr>& wave);
   void WaitForStreamOrderedCopies(SaveJob& save);
   bool sharded() const { return options_.sharding.world_size > 1; }
+  void SetTempDir(SaveJob& save, std::string name) const {
+    save.tmp_name = std::move(name);
+    save.tmp_path = JoinCheckpointPath(options_.checkpoint_dir, save.tmp_name);
+  }
+  std::string SharedTempDir(int64_t step, const std::string& final_name);
 
   const EngineOptions options_;
   io::FileSystem* const fs_;
@@ -148,22 +153,23 @@ void Engine::Impl::RegisterStaging() {
   }
 }
 
+// Counted only for saves that go ahead, so that every rank numbers the same saves alike.
+std::string Engine::Impl::SharedTempDir(int64_t step, const std::string& final_name) {
+  std::string token = options_.sharding.job_token;
+  if (const uint32_t attempt = attempts_[step]++; attempt > 0) {
+    char suffix[16];
+    std::snprintf(suffix, sizeof(suffix), "%08x", attempt);
+    token += suffix;  // still hex: CheckpointManager::Start removes it as a leftover
+  }
+  return ShardedTempDirName(final_name, token);
+}
+
 SavePtr Engine::Impl::NewSave(const CheckpointMetadata& metadata) {
   auto save = std::make_shared<SaveJob>();
   save->metadata = metadata;
   save->final_name = format::CheckpointDirName(options_.basename, metadata.step);
-  if (sharded()) {
-    std::string token = options_.sharding.job_token;
-    if (const uint32_t attempt = attempts_[metadata.step]++; attempt > 0) {
-      char suffix[16];
-      std::snprintf(suffix, sizeof(suffix), "%08x", attempt);
-      token += suffix;  // still hex: CheckpointManager::Start removes it as a leftover
-    }
-    save->tmp_name = ShardedTempDirName(save->final_name, token);
-  } else {
-    save->tmp_name = TempDirName(save->final_name);
-  }
-  save->tmp_path = JoinCheckpointPath(options_.checkpoint_dir, save->tmp_name);
+  // Sharded: named by Submit once the save is certain (SharedTempDir).
+  if (!sharded()) SetTempDir(*save, TempDirName(save->final_name));
   save->SetLevel(options_.compression.level);
   save->tensors = Describe(*registry_);
   save->jobs = format::PlanChunks(save->tensors, options_.chunk_bytes, options_.num_data_files);
@@ -238,6 +244,7 @@ Result<SubmitResult> Engine::Impl::Submit(const SubmitRequest& request) {
   if (!graph_->TakeFlightPlace(options_.max_saves_in_flight, skip_if_busy)) {
     return SubmitResult{SubmitOutcome::kSkipped, SecondsSince(start)};
   }
+  if (sharded()) SetTempDir(*save, SharedTempDir(request.metadata.step, save->final_name));
   if (request.before_copy) request.before_copy();
   save->id = next_save_id_++;
   save->pending = save->jobs.size() + 1;  // + Submit's hold

@@ -44,7 +44,8 @@ struct ShardingOptions {
   /// The same on every rank (agreed at the job's start): names each save's shared temporary
   /// directory, so that every rank writes into the same one.
   std::string job_token;
-  /// How long a rank waits for the others during a commit before failing the save.
+  /// How long rank 0 waits for every rank's part before failing the save; the other ranks wait
+  /// twice this for rank 0's outcome (so that rank 0 finds a missing rank first).
   double timeout_seconds = 300;
 };
 

@@ -22,6 +22,8 @@ namespace {
 constexpr char kClaimedPrefix[] = "index.claimed-";
 // A failure text longer than this is cut when read back: it is a message, not data.
 constexpr uint64_t kMaxTextBytes = 64 * 1024;
+// The other ranks wait this many times timeout_seconds for rank 0's outcome.
+constexpr double kFollowerWaits = 2;
 // A part index larger than this is refused before it is read (format::kMaxIndexBytes).
 constexpr uint64_t kMaxPartBytes = 1ull << 30;
 
@@ -219,7 +221,18 @@ ShardCommitResult Share::Lead(CheckpointManager& manager, const MergeShardPartsF
   // 4. The usual commit: the directory, then the state file and retention (rank 0 alone).
   const Status moved =
       CommitDirectory(fs_, request_.checkpoint_dir, request_.tmp_name, request_.final_name);
-  if (!moved.ok()) return Abort(0, Own(moved));
+  if (!moved.ok()) {
+    // A failure after the rename (syncing the parent) leaves the checkpoint in place, and the
+    // other ranks see it committed: say so too, unrecorded (the next start lists it again).
+    Result<bool> pending = Exists(fs_, tmp_path_);
+    Result<bool> visible =
+        Exists(fs_, JoinCheckpointPath(
+                        JoinCheckpointPath(request_.checkpoint_dir, request_.final_name), "index"));
+    if (pending.ok() && !*pending && visible.ok() && *visible) {
+      return {Own(moved).WithContext(request_.final_name), true, -1};
+    }
+    return Abort(0, Own(moved));
+  }
   ShardCommitResult result;
   result.committed = true;
   result.status = manager.RecordCommitted(request_.final_name, request_.wall_time)
@@ -230,7 +243,10 @@ ShardCommitResult Share::Lead(CheckpointManager& manager, const MergeShardPartsF
 ShardCommitResult Share::Follow() {
   const std::string rank = std::to_string(request_.rank);
   const std::string part = Path(ShardPartFileName(request_.rank));
-  Poller poller(request_.timeout_seconds);
+  // Twice rank 0's wait: a rank that is missing or failed must be found (and blamed) by rank 0
+  // before another rank gives up and is blamed instead, even when rank 0 began waiting later.
+  const double wait = kFollowerWaits * request_.timeout_seconds;
+  Poller poller(wait);
   bool claimed = false;
   for (;;) {
     Result<bool> aborted = Exists(fs_, Path(kShardAbortFileName));
@@ -260,16 +276,16 @@ ShardCommitResult Share::Follow() {
     if (poller.Expired()) {
       if (claimed) {
         return {Status::Aborted("rank 0 took the parts but neither committed nor aborted within " +
-                                Seconds(2 * request_.timeout_seconds) + " s")
+                                Seconds(wait + request_.timeout_seconds) + " s")
                     .WithContext(request_.final_name),
                 false, 0};
       }
       // Withdraw the part: once it is gone rank 0 cannot commit without this rank.
       const io::IoStatus withdrawn = fs_.remove_file(part);
       if (withdrawn.ok()) {
-        PublishFailure(
-            Status::Aborted("rank " + rank + " gave up waiting for rank 0 after " + Waited()));
-        return {Status::Aborted("no commit from rank 0 within " + Waited() +
+        PublishFailure(Status::Aborted("rank " + rank + " gave up waiting for rank 0 after " +
+                                       Seconds(wait) + " s"));
+        return {Status::Aborted("no commit from rank 0 within " + Seconds(wait) + " s" +
                                 " (it died, hangs, or is slower than the timeout)")
                     .WithContext(request_.final_name),
                 false, 0};

@@ -17,10 +17,12 @@
 //    rank 0 writes abort.
 //  - Rank r != 0 writes index.part-<r> (tmp + rename, file and directory synced), then polls:
 //    abort present -> failed with its text; the temporary directory gone and <final>/index
-//    present -> committed. At the deadline it withdraws its part by removing it: when that
-//    works, rank 0 can no longer commit, and the rank writes failed-<r> and fails ("no commit
-//    from rank 0 within N s"); when the part is already gone, rank 0 has claimed it and decides
-//    soon, so the rank waits one more timeout for the outcome and then fails.
+//    present -> committed. It waits twice timeout_seconds, so that when a rank is missing rank 0
+//    (which waits timeout_seconds, from a start that may be a little later) finds and blames it
+//    first. At that deadline it withdraws its part by removing it: when that works, rank 0 can
+//    no longer commit, and the rank writes failed-<r> and fails ("no commit from rank 0 within
+//    N s"); when the part is already gone, rank 0 has claimed it and decides soon, so the rank
+//    waits one more timeout for the outcome and then fails.
 //  - Rank 0 polls until every part is there (a failed-<r> or the deadline aborts the save),
 //    claims each part by renaming it (a rename that finds the part withdrawn aborts), merges
 //    them with its own, removes the claimed parts, writes and syncs `index`, and commits with
@@ -76,7 +78,7 @@ struct ShardCommitRequest {
   uint32_t rank = 0;
   /// Ranks writing the checkpoint (>= 1).
   uint32_t world_size = 1;
-  /// How long a rank waits for the others (rank 0 for parts, the others for the outcome).
+  /// How long rank 0 waits for the parts (the others wait twice that for the outcome).
   double timeout_seconds = 300;
   /// This rank's data files, trimmed and synced before its part is published.
   std::vector<DataFileToSeal> data_files;
@@ -90,7 +92,8 @@ struct ShardCommitRequest {
 struct ShardCommitResult {
   /// OK when committed (and, on rank 0, recorded); else why, naming the failing rank.
   Status status;
-  /// True once the checkpoint is visible under its final name.
+  /// True once the checkpoint is visible under its final name (on rank 0 also with a failed
+  /// status when only the state file update, or the sync after the rename, failed).
   bool committed = false;
   /// The rank whose failure failed the save; -1 when committed, or when no rank is to blame
   /// for a failure after the commit (the state file update).
@@ -99,8 +102,8 @@ struct ShardCommitResult {
 
 /// Seals this rank's data files and publishes its part; then rank 0 merges (with `merge`) and
 /// commits, the others wait for the outcome. `manager` is used on rank 0 only. Blocks for up
-/// to about timeout_seconds (twice that on rank != 0 when rank 0 claimed the parts and then
-/// stalled). Never throws.
+/// to about timeout_seconds on rank 0, twice that on the others (three times when rank 0
+/// claimed the parts and then stalled). Never throws.
 ShardCommitResult CommitShard(io::FileSystem& fs, CheckpointManager& manager,
                               ShardCommitRequest request, const MergeShardPartsFn& merge);
 

@@ -72,8 +72,14 @@ class CliProcess {
   /// Starts CliPath() with `args`; started() says whether that worked.
   CliProcess(const std::vector<std::string>& args, const std::string& out_path,
              const std::string& err_path)
+      : CliProcess({}, args, out_path, err_path) {}
+  /// Starts `launcher` (a program's full path, then its arguments; e.g. mpirun -np 4) with
+  /// CliPath() and `args` after it; an empty launcher starts the CLI itself.
+  CliProcess(const std::vector<std::string>& launcher, const std::vector<std::string>& args,
+             const std::string& out_path, const std::string& err_path)
       : out_path_(out_path), err_path_(err_path) {
-    std::vector<std::string> all = {CliPath()};
+    std::vector<std::string> all = launcher;
+    all.push_back(CliPath());
     all.insert(all.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& arg : all) argv.push_back(arg.data());

@@ -1,0 +1,377 @@
+#include "src/cli/shard_job.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "asyncckpt/reader.h"
+#include "asyncckpt/state.h"
+#include "src/format/format.h"
+#include "src/util/status_macros.h"
+
+#if ASYNCCKPT_CLI_MPI
+#include <mpi.h>
+
+#include "asyncckpt/mpi_coordinator.h"
+#endif
+
+namespace asyncckpt::cli {
+
+namespace {
+
+template <typename T>
+void Append(std::vector<uint8_t>& bytes, const T& value) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&value);
+  bytes.insert(bytes.end(), p, p + sizeof(T));
+}
+
+template <typename T>
+bool Take(const std::vector<uint8_t>& bytes, size_t* at, T* value) {
+  if (*at > bytes.size() || bytes.size() - *at < sizeof(T)) return false;
+  std::memcpy(value, bytes.data() + *at, sizeof(T));
+  *at += sizeof(T);
+  return true;
+}
+
+// One rank's slice of one tensor, as it travels through AllGather: the slice's first global
+// index along dimension 0, its name, then its bytes. All ranks run the same binary on machines
+// of one byte order, so integers travel in host order.
+std::vector<uint8_t> EncodeSlice(const TensorRef& tensor) {
+  std::vector<uint8_t> bytes;
+  Append(bytes, static_cast<int64_t>(tensor.global_offset[0]));
+  Append(bytes, static_cast<uint64_t>(tensor.name.size()));
+  bytes.insert(bytes.end(), tensor.name.begin(), tensor.name.end());
+  const auto* data = static_cast<const uint8_t*>(tensor.data);
+  bytes.insert(bytes.end(), data, data + tensor.bytes);
+  return bytes;
+}
+
+struct Slice {
+  int64_t begin = 0;
+  std::string name;
+  const uint8_t* data = nullptr;
+  size_t bytes = 0;
+};
+
+Result<Slice> DecodeSlice(const std::vector<uint8_t>& bytes, int rank) {
+  Slice slice;
+  size_t at = 0;
+  uint64_t name_size = 0;
+  if (!Take(bytes, &at, &slice.begin) || !Take(bytes, &at, &name_size) ||
+      name_size > bytes.size() - at) {
+    return Status::Corruption("rank " + std::to_string(rank) + " sent a truncated tensor slice");
+  }
+  slice.name.assign(reinterpret_cast<const char*>(bytes.data() + at), name_size);
+  at += name_size;
+  slice.data = bytes.data() + at;
+  slice.bytes = bytes.size() - at;
+  return slice;
+}
+
+// InvalidArgument unless `tensor` is a host slice of its global tensor along dimension 0.
+Status CheckDim0Slice(const TensorRef& tensor) {
+  const bool sliced = IsShard(tensor) && tensor.global_shape.size() == tensor.shape.size() &&
+                      tensor.global_offset.size() == tensor.shape.size() && !tensor.shape.empty();
+  bool rest_whole = sliced;
+  for (size_t d = 1; sliced && d < tensor.shape.size(); ++d) {
+    rest_whole =
+        rest_whole && tensor.global_offset[d] == 0 && tensor.shape[d] == tensor.global_shape[d];
+  }
+  if (!rest_whole || tensor.device != nullptr) {
+    return Status::InvalidArgument(
+        "the global digest needs host tensors sliced along dimension "
+        "0 only; '" +
+        tensor.name + "' is not one");
+  }
+  return Status::OK();
+}
+
+std::vector<uint8_t> EncodeSteps(const std::vector<int64_t>& steps, bool found_any) {
+  std::vector<uint8_t> bytes;
+  Append(bytes, static_cast<uint8_t>(found_any ? 1 : 0));
+  for (int64_t step : steps) Append(bytes, step);
+  return bytes;
+}
+
+double Seconds(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+}  // namespace
+
+#if ASYNCCKPT_CLI_MPI
+
+bool ShardJobsSupported() { return true; }
+
+Result<std::unique_ptr<MpiSession>> MpiSession::Start(double timeout_seconds) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) {
+    int provided = 0;
+    // The hooks call the Coordinator from the training thread only, and the commit's
+    // rendezvous is the file system: no background thread ever calls MPI.
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+      return Status::Unavailable("MPI_Init_thread failed");
+    }
+  }
+  std::unique_ptr<MpiSession> session(new MpiSession());
+  MpiCoordinatorOptions options;
+  options.timeout_seconds = timeout_seconds;
+  auto coordinator = NewMpiCoordinator(MPI_COMM_WORLD, options);
+  if (!coordinator.ok()) return coordinator.status().WithContext("starting the MPI coordinator");
+  session->coordinator_ = std::move(coordinator).value();
+  return session;
+}
+
+MpiSession::~MpiSession() {
+  coordinator_.reset();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+void MpiSession::Abort(int exit_code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);  // MPI_Abort does not return; this keeps [[noreturn]] honest
+}
+
+#else
+
+bool ShardJobsSupported() { return false; }
+
+Result<std::unique_ptr<MpiSession>> MpiSession::Start(double /*timeout_seconds*/) {
+  return Status::FailedPrecondition(
+      "--shard runs under mpirun and needs asyncckpt built with MPI (CMake option "
+      "ASYNCCKPT_MPI, on when Open MPI's libopenmpi-dev is found); this build has none");
+}
+
+MpiSession::~MpiSession() = default;
+
+void MpiSession::Abort(int exit_code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(exit_code);
+}
+
+#endif
+
+Result<uint64_t> GlobalDigest(Coordinator& coordinator, const TensorRegistry& registry) {
+  for (const TensorRef& tensor : registry.tensors()) RETURN_IF_ERROR(CheckDim0Slice(tensor));
+  // Every rank must walk the same names, or the AllGathers below would pair different tensors.
+  std::vector<uint8_t> count;
+  Append(count, static_cast<uint64_t>(registry.size()));
+  ASSIGN_OR_RETURN(auto counts, coordinator.AllGather(count));
+  for (size_t r = 0; r < counts.size(); ++r) {
+    if (counts[r] != count) {
+      return Status::FailedPrecondition("rank " + std::to_string(r) +
+                                        " holds another number of tensors than rank " +
+                                        std::to_string(coordinator.rank()));
+    }
+  }
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  Status status;
+  for (const TensorRef& tensor : registry.tensors()) {
+    auto gathered = coordinator.AllGather(EncodeSlice(tensor));
+    if (!gathered.ok()) {
+      status = gathered.status();
+      break;
+    }
+    std::vector<Slice> slices;
+    for (size_t r = 0; r < gathered->size() && status.ok(); ++r) {
+      auto slice = DecodeSlice((*gathered)[r], static_cast<int>(r));
+      if (!slice.ok()) {
+        status = slice.status();
+      } else if (slice->name != tensor.name) {
+        status = Status::FailedPrecondition("rank " + std::to_string(r) + " holds '" + slice->name +
+                                            "' where this rank holds '" + tensor.name + "'");
+      } else {
+        slices.push_back(std::move(slice).value());
+      }
+    }
+    if (!status.ok()) break;
+    std::stable_sort(slices.begin(), slices.end(),
+                     [](const Slice& a, const Slice& b) { return a.begin < b.begin; });
+    // Replicas of one slice (same first index) are hashed once; anything else must tile.
+    const uint64_t row_bytes =
+        tensor.shape[0] > 0 ? tensor.bytes / static_cast<uint64_t>(tensor.shape[0]) : 0;
+    int64_t next = 0;
+    for (const Slice& slice : slices) {
+      if (slice.begin < next) continue;
+      if (slice.begin != next) {
+        status = Status::FailedPrecondition("the ranks' slices of '" + tensor.name +
+                                            "' leave rows " + std::to_string(next) + " to " +
+                                            std::to_string(slice.begin - 1) + " uncovered");
+        break;
+      }
+      XXH3_64bits_update(state, slice.data, slice.bytes);
+      next = slice.begin + (row_bytes ? static_cast<int64_t>(slice.bytes / row_bytes) : 0);
+    }
+    if (status.ok() && next != tensor.global_shape[0]) {
+      status = Status::FailedPrecondition("the ranks' slices of '" + tensor.name + "' cover " +
+                                          std::to_string(next) + " of its " +
+                                          std::to_string(tensor.global_shape[0]) + " rows");
+    }
+    if (!status.ok()) break;
+  }
+  const uint64_t digest = XXH3_64bits_digest(state);
+  XXH3_freeState(state);
+  RETURN_IF_ERROR(status);
+  return digest;
+}
+
+Result<double> RankZeroValue(Coordinator& coordinator, double value) {
+  std::vector<uint8_t> bytes;
+  Append(bytes, value);
+  RETURN_IF_ERROR(coordinator.Broadcast(bytes, 0));
+  double agreed = 0;
+  size_t at = 0;
+  if (!Take(bytes, &at, &agreed)) return Status::Corruption("rank 0 broadcast a short value");
+  return agreed;
+}
+
+Result<std::vector<uint64_t>> GatherValues(Coordinator& coordinator, uint64_t value) {
+  std::vector<uint8_t> bytes;
+  Append(bytes, value);
+  ASSIGN_OR_RETURN(auto gathered, coordinator.AllGather(bytes));
+  std::vector<uint64_t> values;
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    uint64_t v = 0;
+    size_t at = 0;
+    if (!Take(gathered[r], &at, &v)) {
+      return Status::Corruption("rank " + std::to_string(r) + " sent a short value");
+    }
+    values.push_back(v);
+  }
+  return values;
+}
+
+std::vector<int64_t> CommonSteps(const std::vector<std::vector<int64_t>>& lists) {
+  if (lists.empty()) return {};
+  std::vector<int64_t> common = lists[0];
+  for (size_t i = 1; i < lists.size(); ++i) {
+    std::vector<int64_t> both;
+    std::set_intersection(common.begin(), common.end(), lists[i].begin(), lists[i].end(),
+                          std::back_inserter(both));
+    common = std::move(both);
+  }
+  return common;
+}
+
+Result<std::unique_ptr<ShardedSessionCreator>> ShardedSessionCreator::Create(
+    ShardedSessionCreatorOptions options, Coordinator* coordinator,
+    const TensorRegistry* registry) {
+  if (options.checkpoint_dir.empty()) {
+    return Status::InvalidArgument("ShardedSessionCreator needs a checkpoint_dir");
+  }
+  if (coordinator == nullptr || registry == nullptr) {
+    return Status::InvalidArgument("ShardedSessionCreator needs a coordinator and a registry");
+  }
+  return std::unique_ptr<ShardedSessionCreator>(
+      new ShardedSessionCreator(std::move(options), coordinator, registry));
+}
+
+Result<std::vector<int64_t>> ShardedSessionCreator::LocalCompleteSteps() const {
+  const std::string& dir = options_.checkpoint_dir;
+  ASSIGN_OR_RETURN(std::vector<int64_t> model,
+                   CommittedCheckpointSteps(dir, options_.model_basename));
+  if (options_.input_basename.empty()) return model;
+  ASSIGN_OR_RETURN(
+      std::vector<int64_t> input,
+      CommittedCheckpointSteps(dir, options_.input_basename, options_.input_state_file));
+  return CommonSteps({model, input});
+}
+
+Status ShardedSessionCreator::Restore(int64_t step) {
+  const std::string path =
+      options_.checkpoint_dir + "/" + format::CheckpointDirName(options_.model_basename, step);
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(path));
+  if (reader->metadata().step != step) {
+    return Status::Corruption(path + " holds the state of step " +
+                              std::to_string(reader->metadata().step) + ", not of step " +
+                              std::to_string(step) + " as its name says");
+  }
+  RETURN_IF_ERROR(reader->restore(*registry_).WithContext("restoring " + path));
+  restore_bytes_read_ = reader->read_stats().bytes_read;
+  restore_seconds_ = Seconds(std::chrono::steady_clock::now() - start);
+  restored_from_ = path;
+  return Status::OK();
+}
+
+Result<int64_t> ShardedSessionCreator::create_session() {
+  const bool first = sessions_++ == 0;
+  restored_from_.clear();
+  restore_bytes_read_ = 0;
+  restore_seconds_ = 0;
+  // Every rank takes part in the AllGather even when its own listing failed, so that no rank is
+  // left waiting; the failure then reaches every rank as the same decision.
+  auto local = LocalCompleteSteps();
+  const std::vector<int64_t> steps = local.ok() ? *local : std::vector<int64_t>{};
+  bool found_any = !steps.empty();
+  if (local.ok() && !found_any) {
+    ASSIGN_OR_RETURN(auto any,
+                     CommittedCheckpointSteps(options_.checkpoint_dir, options_.model_basename));
+    found_any = !any.empty() && any.back() > 0;
+  }
+  std::vector<uint8_t> mine = EncodeSteps(steps, found_any);
+  mine.insert(mine.begin(), static_cast<uint8_t>(local.ok() ? 0 : 1));
+  ASSIGN_OR_RETURN(auto gathered, coordinator_->AllGather(mine));
+  std::vector<std::vector<int64_t>> lists;
+  bool any_found = false;
+  for (size_t r = 0; r < gathered.size(); ++r) {
+    const std::vector<uint8_t>& bytes = gathered[r];
+    if (bytes.size() < 2 || (bytes.size() - 2) % sizeof(int64_t) != 0) {
+      return Status::Corruption("rank " + std::to_string(r) + " sent a malformed step list");
+    }
+    if (bytes[0] != 0) {
+      if (!local.ok()) return local.status().WithContext("listing the steps to resume");
+      return Status::Unavailable("rank " + std::to_string(r) +
+                                 " could not list its checkpoints to resume from");
+    }
+    any_found = any_found || bytes[1] != 0;
+    std::vector<int64_t> list((bytes.size() - 2) / sizeof(int64_t));
+    std::memcpy(list.data(), bytes.data() + 2, list.size() * sizeof(int64_t));
+    lists.push_back(std::move(list));
+  }
+  const std::vector<int64_t> common = CommonSteps(lists);
+  if (!common.empty()) {
+    const int64_t step = common.back();
+    // A failed restore fails every rank: the job cannot go on with some ranks restored.
+    Status restored = Restore(step);
+    ASSIGN_OR_RETURN(auto outcomes, GatherValues(*coordinator_, restored.ok() ? 0 : 1));
+    RETURN_IF_ERROR(restored);
+    for (size_t r = 0; r < outcomes.size(); ++r) {
+      if (outcomes[r] != 0) {
+        return Status::Unavailable("rank " + std::to_string(r) + " failed to restore step " +
+                                   std::to_string(step));
+      }
+    }
+    ++restores_;
+    return step;
+  }
+  // Nothing every rank can resume. A fresh start is fine when nothing past step 0 exists, when
+  // allowed, or when every session so far started afresh (what exists is this job's own).
+  if (any_found && !options_.allow_fresh_start && (first || restores_ > 0)) {
+    return Status::FailedPrecondition(
+        options_.checkpoint_dir +
+        " holds checkpoints past step 0 but no step whose model checkpoint and every rank's "
+        "input checkpoint are all committed; starting from step 0 would train over them. A job "
+        "saved on fewer ranks cannot resume training on more (the new ranks have no input "
+        "state); restore without training (--saver none) works on any number. Or allow a "
+        "fresh start (--allow_fresh_start)");
+  }
+  if (options_.init_fn) {
+    RETURN_IF_ERROR(options_.init_fn().WithContext("initialising the state (init_fn)"));
+  }
+  return int64_t{0};
+}
+
+}  // namespace asyncckpt::cli

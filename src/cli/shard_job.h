@@ -1,0 +1,123 @@
+#pragma once
+
+// The multi-process side of `asyncckpt train-sim --shard` (run under mpirun): MPI's life in the
+// CLI, the collectives train-sim itself needs (the global digest, rank 0's clock, per-rank
+// figures), and a SessionCreator that makes every rank resume from the same step. Every
+// function here that takes a Coordinator is collective: every rank calls it, in the same order,
+// from the training thread (docs/distributed.md).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "asyncckpt/coordinator.h"
+#include "asyncckpt/session.h"
+#include "asyncckpt/status.h"
+#include "asyncckpt/tensor.h"
+
+namespace asyncckpt::cli {
+
+/// Whether this build can run train-sim --shard: asyncckpt was built with ASYNCCKPT_MPI.
+bool ShardJobsSupported();
+
+/// MPI's life for one command, and the job's Coordinator over MPI_COMM_WORLD. One per process;
+/// created and destroyed on the thread that runs the training loop.
+class MpiSession {
+ public:
+  /// Initialises MPI (MPI_THREAD_FUNNELED: only the training thread calls MPI) and creates the
+  /// Coordinator, whose collectives give up after `timeout_seconds`. FailedPrecondition
+  /// naming the build option when asyncckpt was built without MPI.
+  static Result<std::unique_ptr<MpiSession>> Start(double timeout_seconds);
+  /// Destroys the Coordinator, then finalises MPI (which waits for every rank to get there).
+  ~MpiSession();
+
+  /// The job's Coordinator; lives as long as this session.
+  Coordinator& coordinator() { return *coordinator_; }
+  /// Ends every process of the job with `exit_code` (MPI_Abort): a rank that fails on its own
+  /// would otherwise leave the others waiting in their next collective.
+  [[noreturn]] void Abort(int exit_code);
+
+ private:
+  MpiSession() = default;
+  std::unique_ptr<Coordinator> coordinator_;
+};
+
+/// XXH3-64 over the bytes of every global tensor, in name order, each tensor's bytes in global
+/// order: the digest one process holding the whole state computes over it (RegistryDigest),
+/// whatever the number of ranks. Every tensor of `registry` must be a dimension-0 slice
+/// (global_offset zero past dimension 0) held by exactly one rank, and every rank must hold
+/// the same names; the slices travel through AllGather one tensor at a time, so each rank
+/// holds at most one global tensor more. Collective.
+Result<uint64_t> GlobalDigest(Coordinator& coordinator, const TensorRegistry& registry);
+
+/// Rank 0's `value` on every rank (Broadcast). Collective.
+Result<double> RankZeroValue(Coordinator& coordinator, double value);
+
+/// Every rank's `value`, in rank order (AllGather). Collective.
+Result<std::vector<uint64_t>> GatherValues(Coordinator& coordinator, uint64_t value);
+
+/// Options of ShardedSessionCreator.
+struct ShardedSessionCreatorOptions {
+  /// The savers' checkpoint_dir, shared by every rank.
+  std::string checkpoint_dir;
+  /// The model's checkpoints, listed in the state file "checkpoint" (written by rank 0).
+  std::string model_basename = "model.ckpt";
+  /// This rank's input pipeline basename and state file (InputCheckpointBasename /
+  /// InputStateFileName with task_id = rank): a step is complete for a rank when its model
+  /// checkpoint and this rank's input checkpoint are both committed. Empty: the model alone.
+  std::string input_basename;
+  /// The input pipeline's state file (with input_basename).
+  std::string input_state_file;
+  /// As CheckpointSessionCreatorOptions::allow_fresh_start.
+  bool allow_fresh_start = false;
+  /// Puts the registry back to the initial state when there is nothing to restore.
+  std::function<Status()> init_fn;
+};
+
+/// A SessionCreator for a job of several ranks: each rank lists its complete steps, the ranks
+/// AllGather the lists and every rank restores the newest step complete on all of them, so a
+/// job killed between two ranks' input saves never resumes ranks at different steps. The
+/// restore reads only the chunks that overlap this rank's boxes (CheckpointReader::restore of
+/// a registry of shards). Every rank reaches the same decision, error included (a fresh start
+/// that would train over checkpoints fails on every rank). create_session() is collective.
+class ShardedSessionCreator final : public SessionCreator {
+ public:
+  /// InvalidArgument for an empty checkpoint_dir or a null coordinator or registry. Both are
+  /// borrowed and must outlive the creator.
+  static Result<std::unique_ptr<ShardedSessionCreator>> Create(ShardedSessionCreatorOptions options,
+                                                               Coordinator* coordinator,
+                                                               const TensorRegistry* registry);
+
+  /// Restores the newest step complete on every rank and returns it; 0 without one.
+  Result<int64_t> create_session() override;
+
+  /// The model checkpoint the last create_session() restored; empty when it started afresh.
+  const std::string& restored_from() const { return restored_from_; }
+  /// Bytes this rank read from data files in the last restore (0 when it started afresh).
+  uint64_t restore_bytes_read() const { return restore_bytes_read_; }
+  /// Seconds the last restore took on this rank.
+  double restore_seconds() const { return restore_seconds_; }
+
+ private:
+  ShardedSessionCreator(ShardedSessionCreatorOptions options, Coordinator* coordinator,
+                        const TensorRegistry* registry)
+      : options_(std::move(options)), coordinator_(coordinator), registry_(registry) {}
+  Result<std::vector<int64_t>> LocalCompleteSteps() const;
+  Status Restore(int64_t step);
+
+  ShardedSessionCreatorOptions options_;
+  Coordinator* coordinator_;
+  const TensorRegistry* registry_;
+  int sessions_ = 0;  // create_session() calls so far
+  int restores_ = 0;  // of which restored a checkpoint
+  std::string restored_from_;
+  uint64_t restore_bytes_read_ = 0;
+  double restore_seconds_ = 0;
+};
+
+/// The steps present in every list (each ascending), ascending.
+std::vector<int64_t> CommonSteps(const std::vector<std::vector<int64_t>>& lists);
+
+}  // namespace asyncckpt::cli
