@@ -5,7 +5,8 @@
 //  - the reader's documented memory bound: a tensor claims at most kMaxZstdRatio raw bytes per
 //    stored byte of its chunks, which lie in the data files without overlap;
 //  - a failure is a Status that says what is wrong, never Internal (an unexpected exception);
-//  - read() and verify() agree: verify() finds damage exactly when some read() fails.
+//  - read() and verify() agree: verify() finds damage exactly when some read() fails;
+//  - read_box() of a tensor that read() read gives the same bytes as that box of it.
 
 #include <fcntl.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -71,6 +73,36 @@ class ScratchDir {
   std::vector<std::string> written_;
 };
 
+// A box of `info` read with read_box() must equal the same box cut from the whole tensor
+// (`whole`, read with read()): the lower half of dimension 0 and a middle band of the last.
+void CheckBoxes(CheckpointReader& reader, const TensorInfo& info,
+                const std::vector<uint8_t>& whole) {
+  const size_t rank = info.shape.size();
+  if (rank == 0 || info.bytes == 0) return;
+  const size_t elem = DTypeSize(info.dtype);
+  for (int which = 0; which < 2; ++which) {
+    std::vector<int64_t> first(rank, 0), extent = info.shape;
+    const size_t d = which == 0 ? 0 : rank - 1;
+    first[d] = info.shape[d] / 3;
+    extent[d] = info.shape[d] - first[d] - (which == 0 ? 0 : info.shape[d] / 4);
+    std::vector<uint8_t> want(static_cast<size_t>(NumElements(extent)) * elem);
+    std::vector<int64_t> at(rank, 0);
+    for (size_t n = 0; n < want.size() / elem; ++n) {
+      int64_t linear = 0;
+      for (size_t i = 0; i < rank; ++i) linear = linear * info.shape[i] + first[i] + at[i];
+      std::memcpy(want.data() + n * elem, whole.data() + static_cast<size_t>(linear) * elem, elem);
+      for (size_t i = rank; i-- > 0;) {
+        if (++at[i] < extent[i]) break;
+        at[i] = 0;
+      }
+    }
+    std::vector<uint8_t> got(want.size());
+    const Status status = reader.read_box(info.name, first, extent, got.data(), got.size());
+    Require(status.ok(), "read_box() failed where read() of the whole tensor succeeded");
+    Require(got == want, "read_box() differs from the same box of read()");
+  }
+}
+
 void Exercise(CheckpointReader& reader, uint64_t data_bytes) {
   uint64_t stored_total = 0;
   uint64_t chunks = 0;
@@ -84,6 +116,7 @@ void Exercise(CheckpointReader& reader, uint64_t data_bytes) {
     std::vector<uint8_t> buffer(info.bytes);
     const Status read = reader.read(info.name, buffer.data(), buffer.size());
     Require(read.code() != StatusCode::kInternal, "read() failed with Internal");
+    if (read.ok()) CheckBoxes(reader, info, buffer);
     every_read_ok = every_read_ok && read.ok();
   }
   Require(stored_total <= data_bytes, "the chunks claim more stored bytes than the data files");
