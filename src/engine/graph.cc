@@ -467,8 +467,10 @@ bool SaveGraph::Impl::CommitFiles(SaveJob& save) {
                         .index_bytes = index_bytes,
                         .wall_time = save.metadata.wall_time};
   for (uint32_t i = 0; i < save.files.size(); ++i) {
-    request.data_files.push_back(
-        {std::move(save.files[i]), save.placer->logical_end(i), save.placer->written_end(i)});
+    // A preallocated file is as long as its allocation until trimmed.
+    const uint64_t written =
+        std::max(save.placer->written_end(i), i < save.allocated.size() ? save.allocated[i] : 0);
+    request.data_files.push_back({std::move(save.files[i]), save.placer->logical_end(i), written});
   }
   save.files.clear();
   CommitResult result = CommitCheckpoint(*fs_, *manager_, std::move(request));

@@ -48,6 +48,8 @@ struct SaveJob {
   std::vector<format::ChunkEntry> entries;
   /// The open data files, by index.
   std::vector<std::unique_ptr<io::File>> files;
+  /// Bytes preallocated in each data file (its size until the commit trims it), by index.
+  std::vector<uint64_t> allocated;
   /// Placement of the chunks (place node only).
   std::optional<format::DataFilePlacer> placer;
   /// The open pack of each data file (place node only): placed chunks are copied in.
