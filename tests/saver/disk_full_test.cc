@@ -98,10 +98,13 @@ class DiskFullTest : public ::testing::Test {
                           {static_cast<int64_t>(weights.size())},
                           weights.data(),
                           weights.size() * sizeof(float),
-                          nullptr})
+                          nullptr,
+                          {},
+                          {}})
                     .ok());
     EXPECT_TRUE(
-        registry.add({"step", DType::kI64, {1}, &step_value, sizeof(step_value), nullptr}).ok());
+        registry.add({"step", DType::kI64, {1}, &step_value, sizeof(step_value), nullptr, {}, {}})
+            .ok());
 
     RecordDatasetOptions dataset;
     dataset.path = dataset_;

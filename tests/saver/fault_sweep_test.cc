@@ -200,7 +200,9 @@ class FaultSweepTest : public ::testing::TestWithParam<std::tuple<HookKind, Back
                           {static_cast<int64_t>(weights_.size())},
                           weights_.data(),
                           weights_.size() * sizeof(float),
-                          nullptr})
+                          nullptr,
+                          {},
+                          {}})
                     .ok());
     ASSERT_TRUE(registry_
                     .add({"counters",
@@ -208,7 +210,9 @@ class FaultSweepTest : public ::testing::TestWithParam<std::tuple<HookKind, Back
                           {static_cast<int64_t>(counters_.size())},
                           counters_.data(),
                           counters_.size() * sizeof(int64_t),
-                          nullptr})
+                          nullptr,
+                          {},
+                          {}})
                     .ok());
   }
   void TearDown() override {
