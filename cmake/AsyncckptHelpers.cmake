@@ -96,3 +96,68 @@ function(asyncckpt_add_test source)
                        PROPERTIES ENVIRONMENT "ASYNCCKPT_CLI=$<TARGET_FILE:asyncckpt_cli>"
                                   LABELS "${ARGN}")
 endfunction()
+
+# MPI (asyncckpt::mpi, the MpiCoordinator, and the tests run under mpirun) is built when found,
+# unless ASYNCCKPT_MPI is turned off; ON with no MPI is an error. The CXX component, so that a
+# C++-only consumer finds it too (the C component needs the C language enabled), without the
+# deprecated C++ bindings (libmpi_cxx): only MPI's C API is used.
+macro(asyncckpt_find_mpi)
+  set(MPI_CXX_SKIP_MPICXX ON)
+  find_package(MPI QUIET COMPONENTS CXX)
+  option(ASYNCCKPT_MPI "Build asyncckpt::mpi (MpiCoordinator) and its mpirun tests (on when MPI is found)"
+         ${MPI_CXX_FOUND})
+  set(ASYNCCKPT_WITH_MPI OFF)
+  if(ASYNCCKPT_MPI)
+    if(NOT MPI_CXX_FOUND)
+      message(FATAL_ERROR "ASYNCCKPT_MPI=ON but MPI was not found: install libopenmpi-dev and "
+                          "openmpi-bin (scripts/setup.sh does), or configure with -DASYNCCKPT_MPI=OFF")
+    endif()
+    set(ASYNCCKPT_WITH_MPI ON)
+    # Open MPI refuses to run as root and to start more ranks than cores without these flags;
+    # another MPI's launcher would reject them.
+    set(ASYNCCKPT_MPIEXEC_FLAGS "")
+    execute_process(COMMAND ${MPIEXEC_EXECUTABLE} --version OUTPUT_VARIABLE _asyncckpt_mpiexec_version
+                    ERROR_QUIET RESULT_VARIABLE _asyncckpt_mpiexec_result)
+    if(_asyncckpt_mpiexec_version MATCHES "Open MPI|OpenRTE")
+      # Unbound: Open MPI pins each rank to one core by default, which leaves the engine's
+      # background threads no core of their own.
+      set(ASYNCCKPT_MPIEXEC_FLAGS --oversubscribe --allow-run-as-root --bind-to none)
+    endif()
+    message(STATUS "asyncckpt: MPI enabled (MPI ${MPI_CXX_VERSION}), tests run by "
+                   "${MPIEXEC_EXECUTABLE}")
+  else()
+    message(STATUS "asyncckpt: MPI disabled; asyncckpt::mpi and the mpi tests are not built")
+  endif()
+endmacro()
+
+# A test of several processes: one *_mpi_test.cc file linked with the MPI gtest main
+# (tests/support/mpi_gtest_main.cc: MPI_Init_thread, gtest, MPI_Finalize; rank 0 prints the
+# report, other ranks their failures), registered once per rank count given, as
+# `mpirun --oversubscribe --allow-run-as-root -np N <binary>`, label "mpi". Without MPI each
+# is registered as a test that reports itself skipped.
+function(asyncckpt_add_mpi_test source)
+  get_filename_component(name ${source} NAME_WE)
+  if(NOT ASYNCCKPT_WITH_MPI)
+    foreach(np ${ARGN})
+      add_test(NAME ${name}_np${np}
+               COMMAND sh -c "echo 'ASYNCCKPT_MPI is off: ${name} needs MPI'; exit 77")
+      set_tests_properties(${name}_np${np} PROPERTIES LABELS mpi SKIP_RETURN_CODE 77)
+    endforeach()
+    return()
+  endif()
+  add_executable(${name} ${source} ${PROJECT_SOURCE_DIR}/tests/support/mpi_gtest_main.cc)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PRIVATE asyncckpt::mpi asyncckpt asyncckpt_cli_core TBB::tbb
+                        zstd::libzstd_shared PkgConfig::liburing PkgConfig::libxxhash GTest::gtest
+                        GTest::gmock)
+  asyncckpt_warnings(${name})
+  foreach(np ${ARGN})
+    add_test(NAME ${name}_np${np}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${ASYNCCKPT_MPIEXEC_FLAGS} ${MPIEXEC_NUMPROC_FLAG} ${np}
+                     ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS})
+    # Open MPI's own allocations outlive MPI_Finalize, which LeakSanitizer would report.
+    set_tests_properties(${name}_np${np} PROPERTIES
+      LABELS mpi TIMEOUT 300 PROCESSORS ${np}
+      ENVIRONMENT "ASYNCCKPT_CLI=$<TARGET_FILE:asyncckpt_cli>;ASAN_OPTIONS=detect_leaks=0")
+  endforeach()
+endfunction()

@@ -12,6 +12,8 @@ PACKAGES=(build-essential cmake ninja-build pkg-config git libtbb-dev liburing-d
 PACKAGES+=(python3-dev pybind11-dev python3-numpy python3-torch python3-sklearn python3-pytest)
 # The fuzz targets (fuzz/, scripts/fuzz): clang and its libFuzzer runtime.
 PACKAGES+=(clang-14 libclang-rt-14-dev)
+# Multi-process checkpoints (ASYNCCKPT_MPI, the asyncckpt_mpi library and its mpirun tests).
+PACKAGES+=(libopenmpi-dev openmpi-bin)
 
 install_missing_packages() {
   local missing=()

@@ -141,6 +141,13 @@ struct InputPipelineOptions {
   bool restore_latest_when_step_missing = false;
   /// Time source for save_secs and retention.
   Clock clock = SystemClockSeconds;
+  /// Multi-process jobs: the job's processes (borrowed; must outlive the hook). With more than
+  /// one, num_workers and task_id default to its size and rank (left at 1 and 0; set, they
+  /// must match it), and under save_secs rank 0's clock decides when every worker saves (a
+  /// collective after every step, as SaverOptions::coordinator), so that every worker's input
+  /// checkpoints pair with the model checkpoints of the same steps. Each worker's input
+  /// checkpoints stay its own, never sharded.
+  Coordinator* coordinator = nullptr;
 };
 
 /// The basename the options give: "input.ckpt", or "input_<task_type>_<task_id>.ckpt".

@@ -35,6 +35,9 @@ struct SaveStats {
   double blocked_seconds = 0;
   /// From the start of the save until it was durable and committed.
   double seconds_to_durable = 0;
+  /// Multi-process saves: the rank whose failure failed the save (its error is in `status`);
+  /// -1 when the save committed, was not sharded, or no rank is to blame.
+  int failed_rank = -1;
 };
 
 }  // namespace asyncckpt

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "asyncckpt/compression.h"
+#include "asyncckpt/coordinator.h"
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/hooks.h"
 #include "asyncckpt/save_stats.h"
@@ -92,6 +93,21 @@ struct SaverOptions {
   io::FileSystem* file_system = nullptr;
   /// Time source for save_secs and retention (tests use a fake clock).
   Clock clock = SystemClockSeconds;
+  /// Multi-process jobs: the job's processes (borrowed; must outlive the hook; e.g.
+  /// NewMpiCoordinator). Null, or a job of one: a single-process saver, as before. With more
+  /// than one process every rank registers its own tensors (whole ones are replicas, written
+  /// by rank 0; shards carry global_shape and global_offset; a box several ranks hold is
+  /// written by the lowest), every rank shares checkpoint_dir, and the hook's begin(), and its
+  /// after_run under save_secs, are collectives every rank reaches in the same order (rank 0's
+  /// clock decides when to save). The registry is read at begin(). on_busy must be kWait.
+  /// Every rank must also stop at the same step (e.g. at a fixed last step): a stop that one
+  /// rank requests alone (a listener's, or OnError::kStop's, which each rank hears of at its
+  /// own after_run) is not agreed, and the final saves of different steps fail after
+  /// coordination_timeout_secs.
+  Coordinator* coordinator = nullptr;
+  /// Multi-process jobs: how long a rank waits for the others during a save's commit before
+  /// that save fails on it (seconds, > 0).
+  double coordination_timeout_secs = 300;
 };
 
 /// InvalidArgument naming the first bad field, worded like TensorFlow's messages.

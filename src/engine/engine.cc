@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <map>
 #include <thread>
 #include <vector>
 
@@ -12,6 +14,7 @@
 #include "src/format/placement.h"
 #include "src/format/writer.h"
 #include "src/staging/staging_pool.h"
+#include "src/state/sharded_commit.h"
 #include "src/util/io_status.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
@@ -31,6 +34,43 @@ std::vector<format::HostTensor> Describe(const TensorRegistry& registry) {
     tensors.push_back(format::HostTensor{ref.name, ref.dtype, ref.shape, ref.data, ref.bytes});
   }
   return tensors;
+}
+
+Status ValidateSharding(const EngineOptions& options) {
+  const ShardingOptions& sharding = options.sharding;
+  if (sharding.world_size == 0 || sharding.rank >= sharding.world_size) {
+    return Status::InvalidArgument("sharding.rank " + std::to_string(sharding.rank) +
+                                   " is not below sharding.world_size " +
+                                   std::to_string(sharding.world_size));
+  }
+  if (sharding.world_size == 1) return Status::OK();
+  RETURN_IF_ERROR(ValidateJobToken(sharding.job_token));
+  if (!(sharding.timeout_seconds > 0)) {
+    return Status::InvalidArgument("sharding.timeout_seconds must be positive, got " +
+                                   std::to_string(sharding.timeout_seconds));
+  }
+  const uint64_t files = uint64_t{options.num_data_files} * sharding.world_size;
+  if (options.num_data_files == 0 || files > format::kMaxDataFiles) {
+    return Status::InvalidArgument("num_data_files " + std::to_string(options.num_data_files) +
+                                   " times world_size " + std::to_string(sharding.world_size) +
+                                   " must be 1 to " + std::to_string(format::kMaxDataFiles) +
+                                   " data files");
+  }
+  return Status::OK();
+}
+
+// A single-process checkpoint holds whole tensors: a shard registered there that is only part
+// of its global tensor would be saved as if it were all of it.
+Status CheckWholeTensors(const TensorRegistry& registry) {
+  for (const TensorRef& ref : registry.tensors()) {
+    if (IsShard(ref) && ref.global_shape != ref.shape) {
+      return Status::InvalidArgument(
+          "tensor '" + ref.name.substr(0, 200) +
+          "' is a shard of a larger global tensor, but sharding.world_size is 1: a "
+          "single-process checkpoint holds whole tensors");
+    }
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -59,7 +99,10 @@ class Engine::Impl {
                                .queue_depth = options_.queue_depth,
                                .threads = threads,
                                .high_priority = options_.high_priority,
-                               .staging = &pool_};
+                               .staging = &pool_,
+                               .rank = options_.sharding.rank,
+                               .world_size = options_.sharding.world_size,
+                               .shard_timeout_seconds = options_.sharding.timeout_seconds};
     ASSIGN_OR_RETURN(graph_, SaveGraph::Create(graph_options, fs_, manager, std::move(on_done)));
     return Status::OK();
   }
@@ -77,6 +120,7 @@ class Engine::Impl {
   bool Busy(const SaveJob& save) const;
   void CopyWave(SaveJob& save, std::vector<ChunkPtr>& wave);
   void WaitForStreamOrderedCopies(SaveJob& save);
+  bool sharded() const { return options_.sharding.world_size > 1; }
 
   const EngineOptions options_;
   io::FileSystem* const fs_;
@@ -87,6 +131,10 @@ class Engine::Impl {
   std::unique_ptr<SaveGraph> graph_;  // last: destroyed (and waited for) first
   uint64_t next_save_id_ = 0;
   uint64_t next_chunk_seq_ = 0;
+  // Sharded saves: how many saves of each step were submitted, so that a second save of a step
+  // (after a failed one, whose temporary directory stays until the next start) gets a fresh
+  // shared directory. Every rank submits the same saves, so every rank picks the same name.
+  std::map<int64_t, uint32_t> attempts_;
 };
 
 void Engine::Impl::RegisterStaging() {
@@ -106,26 +154,56 @@ SavePtr Engine::Impl::NewSave(const CheckpointMetadata& metadata) {
   auto save = std::make_shared<SaveJob>();
   save->metadata = metadata;
   save->final_name = format::CheckpointDirName(options_.basename, metadata.step);
-  save->tmp_name = TempDirName(save->final_name);
+  if (sharded()) {
+    std::string token = options_.sharding.job_token;
+    if (const uint32_t attempt = attempts_[metadata.step]++; attempt > 0) {
+      char suffix[16];
+      std::snprintf(suffix, sizeof(suffix), "%08x", attempt);
+      token += suffix;  // still hex: CheckpointManager::Start removes it as a leftover
+    }
+    save->tmp_name = ShardedTempDirName(save->final_name, token);
+  } else {
+    save->tmp_name = TempDirName(save->final_name);
+  }
   save->tmp_path = JoinCheckpointPath(options_.checkpoint_dir, save->tmp_name);
   save->SetLevel(options_.compression.level);
   save->tensors = Describe(*registry_);
   save->jobs = format::PlanChunks(save->tensors, options_.chunk_bytes, options_.num_data_files);
   save->entries.resize(save->jobs.size());
+  if (sharded()) {
+    for (const TensorRef& ref : registry_->tensors()) {
+      // A tensor registered whole is written by this rank as one slice covering all of it.
+      const bool shard = IsShard(ref);
+      save->global_shapes.push_back(shard ? ref.global_shape : ref.shape);
+      save->box_offsets.push_back(shard ? ref.global_offset
+                                        : std::vector<int64_t>(ref.shape.size(), 0));
+    }
+  }
   return save;
 }
 
 // On the caller's thread, so that no graph worker waits for mkdir or open.
 Status Engine::Impl::OpenFiles(SaveJob& save) {
-  RETURN_IF_ERROR(ToStatus(fs_->create_dir(save.tmp_path)));
+  const io::IoStatus made = fs_->create_dir(save.tmp_path);
+  if (!made.ok()) {
+    // Sharded: every rank makes the shared directory; the first one wins.
+    bool exists = false;
+    bool is_dir = false;
+    const bool shared = sharded() && made.error_number() == EEXIST &&
+                        fs_->stat(save.tmp_path, &exists, &is_dir).ok() && is_dir;
+    if (!shared) return ToStatus(made);
+  }
   const uint32_t count = options_.num_data_files;
+  // Rank r writes data files r * F .. r * F + F - 1 of world_size * F.
+  const uint32_t first = options_.sharding.rank * count;
+  const uint32_t total = options_.sharding.world_size * count;
   bool direct = false;
   for (uint32_t i = 0; i < count; ++i) {
     io::OpenOptions open_options{
         .write = true, .create = true, .truncate = true, .direct = options_.use_o_direct};
     std::unique_ptr<io::File> file;
-    RETURN_IF_ERROR(ToStatus(
-        fs_->open(save.tmp_path + "/" + format::DataFileName(i, count), open_options, &file)));
+    RETURN_IF_ERROR(ToStatus(fs_->open(save.tmp_path + "/" + format::DataFileName(first + i, total),
+                                       open_options, &file)));
     direct = direct || file->is_direct();
     save.files.push_back(std::move(file));
   }
@@ -183,10 +261,14 @@ Result<SubmitResult> Engine::Impl::Submit(const SubmitRequest& request) {
   // otherwise fail only at the commit, after every byte was written.
   RETURN_IF_ERROR(format::ValidateTensors(save->tensors).WithContext(save->final_name));
   RETURN_IF_ERROR(format::ValidateMetadata(request.metadata).WithContext(save->final_name));
-  if (request.skip_if_busy && Busy(*save)) {
+  if (!sharded()) RETURN_IF_ERROR(CheckWholeTensors(*registry_).WithContext(save->final_name));
+  // A rank that skipped a save the others take would fail that save on every rank (rank 0
+  // waits for its part until the timeout): sharded saves are never skipped.
+  const bool skip_if_busy = request.skip_if_busy && !sharded();
+  if (skip_if_busy && Busy(*save)) {
     return SubmitResult{SubmitOutcome::kSkipped, SecondsSince(start)};
   }
-  if (!graph_->TakeFlightPlace(options_.max_saves_in_flight, request.skip_if_busy)) {
+  if (!graph_->TakeFlightPlace(options_.max_saves_in_flight, skip_if_busy)) {
     return SubmitResult{SubmitOutcome::kSkipped, SecondsSince(start)};
   }
   if (request.before_copy) request.before_copy();
@@ -283,6 +365,7 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, io:
   if (fs == nullptr || manager == nullptr || registry == nullptr) {
     return Status::InvalidArgument("the engine needs a file system, a manager and a registry");
   }
+  RETURN_IF_ERROR(ValidateSharding(options));
   // Staging is pinned by the accelerator the state lives on (one per registry), else the host.
   std::shared_ptr<Device> staging_device = HostDevice();
   for (const TensorRef& ref : registry->tensors()) {

@@ -87,8 +87,12 @@ struct EngineOptions {
   /// for a 2 MiB state with max_to_keep 2, found by the crash harness. Two: one committing,
   /// one being written behind it.
   int max_saves_in_flight = 2;
-  /// Multi-process saves: this rank's part of a sharded checkpoint (world_size 1: not sharded).
-  /// The registry then holds only the tensors (and shards) this rank writes.
+  /// Multi-process saves: this rank's part of a sharded checkpoint (world_size 1: not sharded,
+  /// today's path unchanged). The registry then holds only the tensors (and shards) this rank
+  /// writes; a tensor registered without global_shape is written as one slice covering all of
+  /// it. Every rank's engine writes into "<final>.tmp-<job_token>" (job_token: hex digits) and
+  /// commits through src/state/sharded_commit.h; every rank must submit the same saves in the
+  /// same order.
   ShardingOptions sharding;
 };
 
@@ -106,7 +110,8 @@ struct SubmitRequest {
   /// Its step, wall time and user metadata.
   CheckpointMetadata metadata;
   /// Return kSkipped without copying when staging cannot take the whole snapshot now or
-  /// max_saves_in_flight saves are in flight (without it, Submit waits for them).
+  /// max_saves_in_flight saves are in flight (without it, Submit waits for them). Ignored in a
+  /// sharded engine: one rank's skip would fail the save on every rank.
   bool skip_if_busy = false;
   /// Runs once the save is certain, before the first copy (may be empty).
   std::function<void()> before_copy;

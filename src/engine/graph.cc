@@ -16,6 +16,7 @@
 
 #include "src/format/format.h"
 #include "src/state/commit_checkpoint.h"
+#include "src/state/sharded_commit.h"
 #include "src/util/io_status.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
@@ -200,6 +201,11 @@ class SaveGraph::Impl {
   }
   void Commit(const SavePtr& save);
   bool CommitFiles(SaveJob& save);
+  bool CommitShardFiles(SaveJob& save);
+  Result<std::vector<uint8_t>> EncodePart(const SaveJob& save) const;
+  Result<std::vector<uint8_t>> MergeParts(const std::string& final_name,
+                                          const std::vector<std::vector<uint8_t>>& parts) const;
+  bool sharded() const { return options_.world_size > 1; }
   void Report(const SaveJob& save, bool committed);
 
   // Messages from outside the arena enter through enqueued tasks rather than arena_.execute:
@@ -441,10 +447,13 @@ void SaveGraph::Impl::Settle(const SavePtr& save, size_t done) {
 // On the commit thread.
 void SaveGraph::Impl::Commit(const SavePtr& save) {
   bool committed = false;
-  Guarded(*save, "commit", [&] { committed = CommitFiles(*save); });
+  Guarded(*save, "commit",
+          [&] { committed = sharded() ? CommitShardFiles(*save) : CommitFiles(*save); });
   if (!committed) {
     save->files.clear();
-    RemoveFailedSave(*fs_, options_.checkpoint_dir, save->tmp_name);
+    // The shared temporary directory holds the other ranks' files and this save's abort or
+    // failed-<rank>, which they read: it stays until the next start.
+    if (!sharded()) RemoveFailedSave(*fs_, options_.checkpoint_dir, save->tmp_name);
   }
   Report(*save, committed);
   LeaveFlight();
@@ -467,13 +476,79 @@ bool SaveGraph::Impl::CommitFiles(SaveJob& save) {
                         .index_bytes = index_bytes,
                         .wall_time = save.metadata.wall_time};
   for (uint32_t i = 0; i < save.files.size(); ++i) {
-    // A preallocated file is as long as its allocation until trimmed.
-    const uint64_t written =
-        std::max(save.placer->written_end(i), i < save.allocated.size() ? save.allocated[i] : 0);
-    request.data_files.push_back({std::move(save.files[i]), save.placer->logical_end(i), written});
+    request.data_files.push_back(
+        {std::move(save.files[i]), save.placer->logical_end(i), save.FileBytes(i)});
   }
   save.files.clear();
   CommitResult result = CommitCheckpoint(*fs_, *manager_, std::move(request));
+  if (!result.status.ok()) save.Fail(result.status);
+  return result.committed;
+}
+
+// This rank's part of a sharded index: its slices, with the data files numbered globally
+// (rank r's file i is r * F + i of world_size * F).
+Result<std::vector<uint8_t>> SaveGraph::Impl::EncodePart(const SaveJob& save) const {
+  const uint32_t files = save.placer->num_files();
+  ASSIGN_OR_RETURN(format::Index part, format::AssembleIndex(save.tensors, save.metadata, files,
+                                                             save.jobs, save.entries));
+  part.sharded = true;
+  part.world_size = options_.world_size;
+  part.num_data_files = files * options_.world_size;
+  for (size_t t = 0; t < part.tensors.size(); ++t) {
+    format::TensorEntry& entry = part.tensors[t];
+    entry.global_shape = save.global_shapes[t];
+    entry.box_offset = save.box_offsets[t];
+    entry.writer_rank = options_.rank;
+    for (format::ChunkEntry& chunk : entry.chunks) chunk.file_index += options_.rank * files;
+  }
+  return format::EncodeIndex(part);
+}
+
+// On rank 0's commit thread: every rank's part, checked, as one global index.
+Result<std::vector<uint8_t>> SaveGraph::Impl::MergeParts(
+    const std::string& final_name, const std::vector<std::vector<uint8_t>>& parts) const {
+  std::vector<format::Index> indexes;
+  indexes.reserve(parts.size());
+  for (uint32_t r = 0; r < parts.size(); ++r) {
+    ASSIGN_OR_RETURN(format::Index part,
+                     format::ParseIndexPart(parts[r], final_name + "/" + ShardPartFileName(r)));
+    indexes.push_back(std::move(part));
+  }
+  ASSIGN_OR_RETURN(format::Index merged,
+                   format::MergeShardedParts(std::move(indexes), options_.world_size));
+  return format::EncodeIndex(merged);
+}
+
+bool SaveGraph::Impl::CommitShardFiles(SaveJob& save) {
+  ShardCommitRequest request{.checkpoint_dir = options_.checkpoint_dir,
+                             .tmp_name = save.tmp_name,
+                             .final_name = save.final_name,
+                             .rank = options_.rank,
+                             .world_size = options_.world_size,
+                             .timeout_seconds = options_.shard_timeout_seconds,
+                             .data_files = {},
+                             .part = {},
+                             .wall_time = save.metadata.wall_time};
+  ShardCommitResult result;
+  Result<std::vector<uint8_t>> part =
+      save.failed ? Result<std::vector<uint8_t>>(save.FirstFailure()) : EncodePart(save);
+  if (!part.ok()) {
+    save.files.clear();
+    const Status why = save.failed ? part.status() : part.status().WithContext(save.final_name);
+    result = FailShard(*fs_, std::move(request), why);
+  } else {
+    request.part = std::move(part).value();
+    for (uint32_t i = 0; i < save.files.size(); ++i) {
+      request.data_files.push_back(
+          {std::move(save.files[i]), save.placer->logical_end(i), save.FileBytes(i)});
+    }
+    save.files.clear();
+    result = CommitShard(*fs_, *manager_, std::move(request),
+                         [&](const std::vector<std::vector<uint8_t>>& parts) {
+                           return MergeParts(save.final_name, parts);
+                         });
+  }
+  save.failed_rank = result.failed_rank;
   if (!result.status.ok()) save.Fail(result.status);
   return result.committed;
 }

@@ -6,7 +6,7 @@
 //     -> write (async_node: each write goes to an io::IoQueue of queue_depth; its completion
 //        releases the staging and comes back through the gateway)
 //     -> sequencer by save -> commit (async_node: hands the save to the commit thread, which
-//        runs CommitCheckpoint and then on_done)
+//        runs CommitCheckpoint, or in a multi-process save CommitShard, and then on_done)
 //
 // No oneTBB worker waits for the disk: writes complete on the queue's threads, and fsync,
 // rename, the state file and retention run on the one commit thread, one save at a time, in
@@ -44,6 +44,13 @@ struct GraphOptions {
   bool high_priority = false;
   /// The staging of the saves (borrowed): packs are charged to it until written.
   StagingPool* staging = nullptr;
+  /// Multi-process saves (world_size > 1): this process's rank; the commit runs the sharded
+  /// protocol (src/state/sharded_commit.h) instead of CommitCheckpoint.
+  uint32_t rank = 0;
+  /// Ranks writing each checkpoint; 1: not sharded.
+  uint32_t world_size = 1;
+  /// How long a sharded commit waits for the other ranks.
+  double shard_timeout_seconds = 300;
 };
 
 /// The graph. Saves enter through TakeFlightPlace, PutChunks and ReleaseHold, from one thread

@@ -1,5 +1,7 @@
 #include "src/engine/save_job.h"
 
+#include <algorithm>
+
 namespace asyncckpt {
 
 void SaveJob::Fail(const Status& why) {
@@ -38,6 +40,11 @@ void SaveJob::MaybeLowerLevel(uint64_t every, bool encoders_bottleneck) {
   }
 }
 
+uint64_t SaveJob::FileBytes(uint32_t file) const {
+  const uint64_t written = placer ? placer->written_end(file) : 0;
+  return std::max(written, file < allocated.size() ? allocated[file] : 0);
+}
+
 SaveStats SaveJob::Stats() const {
   SaveStats stats;
   stats.step = metadata.step;
@@ -55,6 +62,7 @@ SaveStats SaveJob::Stats() const {
   }
   stats.blocked_seconds = blocked_seconds;
   stats.seconds_to_durable = SecondsSince(start);
+  stats.failed_rank = failed_rank;
   return stats;
 }
 

@@ -42,6 +42,11 @@ struct SaveJob {
   std::string tmp_path;
   /// The registry's tensors (data pointers may be device memory: never read through them).
   std::vector<format::HostTensor> tensors;
+  /// Sharded saves: each tensor's global shape and box offset (a whole tensor's are its shape
+  /// and zeros), by position in `tensors`; empty otherwise.
+  std::vector<std::vector<int64_t>> global_shapes;
+  /// See global_shapes.
+  std::vector<std::vector<int64_t>> box_offsets;
   /// PlanChunks' jobs; a job's position is its chunk id.
   std::vector<format::ChunkJob> jobs;
   /// Where each job landed, by position.
@@ -67,6 +72,8 @@ struct SaveJob {
   std::atomic<size_t> pending{0};
   /// Set at the first failure; later stages skip their work.
   std::atomic<bool> failed{false};
+  /// Sharded saves: the rank that failed the save (SaveStats::failed_rank); set by the commit.
+  int failed_rank = -1;
   /// When Submit started.
   SteadyClock::time_point start;
   /// Time Submit blocked its caller.
@@ -89,6 +96,9 @@ struct SaveJob {
   void SetLevel(int level);
   /// The save's report (status, sizes, codecs, levels, times so far).
   SaveStats Stats() const;
+  /// How long data file `file` is before the commit trims it: what was written, padding
+  /// included, or its preallocation where that is longer. After the last chunk was placed.
+  uint64_t FileBytes(uint32_t file) const;
 
  private:
   mutable std::mutex mu_;

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string_view>
 #include <tuple>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
@@ -65,12 +66,27 @@ void EncodeChunk(const ChunkEntry& chunk, Encoder& e) {
   e.u64(chunk.xxh3);
 }
 
-void EncodeTensor(const TensorEntry& tensor, Encoder& e) {
+void EncodeTensor(const TensorEntry& tensor, bool sharded, Encoder& e) {
   e.str(tensor.name);
   e.u8(static_cast<uint8_t>(tensor.dtype));
   e.u8(static_cast<uint8_t>(tensor.shape.size()));
   for (int64_t dim : tensor.shape) e.i64(dim);
   e.u64(tensor.bytes);
+  if (sharded) {
+    // An entry without a box is a whole tensor (see TensorEntry::global_shape).
+    const bool whole = tensor.global_shape.empty() && tensor.box_offset.empty();
+    // A box of another rank than the shape is written as a negative one, which no reader
+    // accepts (MergeShardedParts reports it by name before encoding).
+    const bool ranks_agree = tensor.global_shape.size() == tensor.shape.size() &&
+                             tensor.box_offset.size() == tensor.shape.size();
+    for (size_t d = 0; d < tensor.shape.size(); ++d) {
+      e.i64(whole ? tensor.shape[d] : ranks_agree ? tensor.global_shape[d] : -1);
+    }
+    for (size_t d = 0; d < tensor.shape.size(); ++d) {
+      e.i64(whole ? 0 : ranks_agree ? tensor.box_offset[d] : -1);
+    }
+    e.u32(tensor.writer_rank);
+  }
   e.u64(tensor.chunks.size());
   for (const ChunkEntry& chunk : tensor.chunks) EncodeChunk(chunk, e);
 }
@@ -92,7 +108,7 @@ std::vector<uint8_t> EncodeIndex(const Index& index) {
   Encoder e;
   e.u64(kIndexMagic);
   e.u32(kFormatVersion);
-  e.u32(0);  // flags
+  e.u32(index.sharded ? kIndexFlagSharded : 0);
   e.i64(index.metadata.step);
   e.f64(index.metadata.wall_time);
   e.u32(static_cast<uint32_t>(index.metadata.user.size()));
@@ -101,8 +117,9 @@ std::vector<uint8_t> EncodeIndex(const Index& index) {
     e.str(value);
   }
   e.u32(index.num_data_files);
+  if (index.sharded) e.u32(index.world_size);
   e.u32(static_cast<uint32_t>(index.tensors.size()));
-  for (const TensorEntry& tensor : index.tensors) EncodeTensor(tensor, e);
+  for (const TensorEntry& tensor : index.tensors) EncodeTensor(tensor, index.sharded, e);
   const uint64_t body_length = e.bytes().size() - kIndexHeaderBytes;
   e.u64(body_length);
   e.u64(codec::Checksum(e.bytes()));
@@ -173,10 +190,12 @@ class Cursor {
 // Parses the body, producing Corruption messages prefixed with the index path.
 class BodyParser {
  public:
-  BodyParser(std::span<const uint8_t> body, std::string_view path) : in_(body), path_(path) {}
+  BodyParser(std::span<const uint8_t> body, std::string_view path, bool sharded)
+      : in_(body), path_(path), sharded_(sharded) {}
 
   Result<Index> Parse() {
     Index index;
+    index.sharded = sharded_;
     Status status = ParseMetadata(&index.metadata);
     if (!status.ok()) return status;
     if (!in_.u32(&index.num_data_files)) return Truncated("the number of data files");
@@ -185,6 +204,13 @@ class BodyParser {
                    std::to_string(kMaxDataFiles));
     }
     num_data_files_ = index.num_data_files;
+    if (sharded_) {
+      if (!in_.u32(&index.world_size)) return Truncated("the world size");
+      if (index.world_size == 0 || index.num_data_files % index.world_size != 0) {
+        return Error("world size " + std::to_string(index.world_size) + " must be at least 1 " +
+                     "and divide the " + std::to_string(index.num_data_files) + " data files");
+      }
+    }
     status = ParseTensors(&index.tensors);
     if (!status.ok()) return status;
     if (in_.remaining() != 0) {
@@ -197,6 +223,8 @@ class BodyParser {
   // Smallest encodings, used to bound counts by the bytes left before anything is allocated.
   static constexpr size_t kMinUserEntryBytes = 8;
   static constexpr size_t kMinTensorBytes = 4 + 1 + 1 + 1 + 8 + 8;
+  // A sharded entry adds at least its writer rank.
+  static constexpr size_t kMinSliceBytes = kMinTensorBytes + 4;
 
   Status Error(const std::string& what) const {
     return Status::Corruption("index " + std::string(path_) + ": " + what);
@@ -250,7 +278,7 @@ class BodyParser {
   Status ParseTensors(std::vector<TensorEntry>* tensors) {
     uint32_t count;
     if (!in_.u32(&count)) return Truncated("the number of tensors");
-    if (count > in_.remaining() / kMinTensorBytes) {
+    if (count > in_.remaining() / (sharded_ ? kMinSliceBytes : kMinTensorBytes)) {
       return Error("claims " + std::to_string(count) + " tensors but only " +
                    std::to_string(in_.remaining()) + " bytes remain");
     }
@@ -263,7 +291,10 @@ class BodyParser {
       Status status = String(kMaxNameBytes, "the name of tensor " + std::to_string(i), &name);
       if (!status.ok()) return status;
       if (name.empty()) return Error("tensor " + std::to_string(i) + " has an empty name");
-      if (!names.insert(name).second) return Error("tensor " + Quote(name) + " appears twice");
+      // A sharded index lists one entry per slice; its names are checked with the slices.
+      if (!sharded_ && !names.insert(name).second) {
+        return Error("tensor " + Quote(name) + " appears twice");
+      }
       tensor.name = std::string(name);
       status = ParseTensor(&tensor);
       if (!status.ok()) return status;
@@ -298,6 +329,17 @@ class BodyParser {
       return Error(what + " claims " + std::to_string(tensor->bytes) + " bytes but its shape and " +
                    std::string(DTypeName(tensor->dtype)) + " dtype make " +
                    std::to_string(static_cast<uint64_t>(elements) * elem_size));
+    }
+    if (sharded_) {
+      tensor->global_shape.resize(rank);
+      tensor->box_offset.resize(rank);
+      for (int64_t& dim : tensor->global_shape) {
+        if (!in_.i64(&dim)) return Truncated(what + "'s global shape");
+      }
+      for (int64_t& first : tensor->box_offset) {
+        if (!in_.i64(&first)) return Truncated(what + "'s box offset");
+      }
+      if (!in_.u32(&tensor->writer_rank)) return Truncated(what + "'s writer rank");
     }
     return ParseChunks(what, tensor);
   }
@@ -381,10 +423,11 @@ class BodyParser {
 
   Cursor in_;
   std::string_view path_;
+  bool sharded_ = false;
   uint32_t num_data_files_ = 0;
 };
 
-Status CheckEnvelope(std::span<const uint8_t> bytes, std::string_view path) {
+Status CheckEnvelope(std::span<const uint8_t> bytes, std::string_view path, bool* sharded) {
   const std::string prefix = "index " + std::string(path) + ": ";
   if (bytes.size() < kIndexHeaderBytes + kIndexFooterBytes) {
     return Status::Corruption(prefix + "truncated: " + std::to_string(bytes.size()) +
@@ -407,9 +450,10 @@ Status CheckEnvelope(std::span<const uint8_t> bytes, std::string_view path) {
                               " (this build reads version " + std::to_string(kFormatVersion) + ")");
   }
   const uint32_t flags = LoadU32(bytes.data() + 12);
-  if (flags != 0) {
+  if ((flags & ~kIndexFlagSharded) != 0) {
     return Status::Corruption(prefix + "unknown flags " + std::to_string(flags));
   }
+  *sharded = (flags & kIndexFlagSharded) != 0;
   const uint64_t body_length = LoadU64(bytes.data() + bytes.size() - kIndexFooterBytes);
   if (body_length != bytes.size() - kIndexHeaderBytes - kIndexFooterBytes) {
     return Status::Corruption(prefix + "footer says the body is " + std::to_string(body_length) +
@@ -419,14 +463,282 @@ Status CheckEnvelope(std::span<const uint8_t> bytes, std::string_view path) {
   return Status::OK();
 }
 
+// "[4:7, 0:8]": a box as first:end per dimension, for messages.
+std::string BoxText(const std::vector<int64_t>& first, const std::vector<int64_t>& extent) {
+  std::string text = "[";
+  for (size_t d = 0; d < extent.size(); ++d) {
+    if (d > 0) text += ", ";
+    const int64_t begin = d < first.size() ? first[d] : 0;
+    int64_t end = 0;
+    // A hostile box may not fit in 64 bits; the message must not overflow to say so.
+    const bool fits = !__builtin_add_overflow(begin, extent[d], &end);
+    text += std::to_string(begin) + ":" + (fits ? std::to_string(end) : std::string("overflow"));
+  }
+  return text + "]";
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t d = 0; d < shape.size(); ++d) {
+    text += (d > 0 ? ", " : "") + std::to_string(shape[d]);
+  }
+  return text + "]";
+}
+
+// "tensor 'w' slice 2 (box [4:7, 0:8] by rank 1)": slice k is the name's k-th entry.
+std::string SliceName(const TensorEntry& tensor, size_t k) {
+  return "tensor " + Quote(tensor.name) + " slice " + std::to_string(k) + " (box " +
+         BoxText(tensor.box_offset, tensor.shape) + " by rank " +
+         std::to_string(tensor.writer_rank) + ")";
+}
+
+// One slice on its own: a box of the right rank inside a global shape whose byte size fits,
+// written by a rank of the job into that rank's data files.
+Status CheckSlice(const Index& index, const TensorEntry& tensor, size_t k,
+                  const std::string& prefix) {
+  const std::string what = SliceName(tensor, k);
+  const size_t rank = tensor.shape.size();
+  if (tensor.global_shape.size() != rank || tensor.box_offset.size() != rank) {
+    return Status::Corruption(prefix + what + " has shape rank " + std::to_string(rank) +
+                              " but global shape rank " +
+                              std::to_string(tensor.global_shape.size()) + " and box offset rank " +
+                              std::to_string(tensor.box_offset.size()));
+  }
+  const int64_t global = NumElements(tensor.global_shape);
+  if (global < 0 || static_cast<uint64_t>(global) > UINT64_MAX / DTypeSize(tensor.dtype)) {
+    return Status::Corruption(prefix + what + " has a negative or overflowing global shape " +
+                              ShapeText(tensor.global_shape));
+  }
+  for (size_t d = 0; d < rank; ++d) {
+    const int64_t first = tensor.box_offset[d];
+    if (first < 0 || first > tensor.global_shape[d] ||
+        tensor.shape[d] > tensor.global_shape[d] - first) {
+      return Status::Corruption(prefix + what + " leaves the global shape " +
+                                ShapeText(tensor.global_shape) + " in dimension " +
+                                std::to_string(d));
+    }
+  }
+  if (tensor.writer_rank >= index.world_size) {
+    return Status::Corruption(prefix + what + " names writer rank " +
+                              std::to_string(tensor.writer_rank) + " but the world size is " +
+                              std::to_string(index.world_size));
+  }
+  const uint32_t files_per_rank = index.num_data_files / index.world_size;
+  for (size_t i = 0; i < tensor.chunks.size(); ++i) {
+    const uint32_t file = tensor.chunks[i].file_index;
+    if (file / files_per_rank != tensor.writer_rank) {
+      return Status::Corruption(prefix + what + " chunk " + std::to_string(i) +
+                                " is in data file " + std::to_string(file) + ", written by rank " +
+                                std::to_string(file / files_per_rank) + ", not by its writer");
+    }
+  }
+  return Status::OK();
+}
+
+int64_t End(const TensorEntry& t, size_t d) { return t.box_offset[d] + t.shape[d]; }
+
+bool Overlap(const TensorEntry& a, const TensorEntry& b) {
+  for (size_t d = 0; d < a.shape.size(); ++d) {
+    if (std::max(a.box_offset[d], b.box_offset[d]) >= std::min(End(a, d), End(b, d))) return false;
+  }
+  return true;
+}
+
+// The slices of one name (indices into index.tensors, in index order, each already through
+// CheckSlice): one dtype and global shape, one slice per writer rank, no two sharing an element,
+// and with `tiling`, every element of the global shape in a slice.
+Status CheckSlicesOfOneName(const Index& index, const std::vector<size_t>& slices, bool tiling,
+                            const std::string& prefix) {
+  const TensorEntry& first = index.tensors[slices[0]];
+  std::vector<uint32_t> ranks;
+  ranks.reserve(slices.size());
+  for (size_t k = 1; k < slices.size(); ++k) {
+    const TensorEntry& t = index.tensors[slices[k]];
+    if (t.dtype != first.dtype || t.global_shape != first.global_shape) {
+      return Status::Corruption(prefix + SliceName(t, k) + " is " +
+                                std::string(DTypeName(t.dtype)) + " of global shape " +
+                                ShapeText(t.global_shape) + " but slice 0 is " +
+                                std::string(DTypeName(first.dtype)) + " of global shape " +
+                                ShapeText(first.global_shape));
+    }
+  }
+  // Several entries per rank would make the overlap search quadratic in a hostile index.
+  std::vector<std::pair<uint32_t, size_t>> by_rank;
+  by_rank.reserve(slices.size());
+  for (size_t k = 0; k < slices.size(); ++k) {
+    by_rank.emplace_back(index.tensors[slices[k]].writer_rank, k);
+  }
+  std::sort(by_rank.begin(), by_rank.end());
+  for (size_t i = 1; i < by_rank.size(); ++i) {
+    if (by_rank[i].first == by_rank[i - 1].first) {
+      return Status::Corruption(
+          prefix + SliceName(index.tensors[slices[by_rank[i - 1].second]], by_rank[i - 1].second) +
+          " and slice " + std::to_string(by_rank[i].second) + " have the same writer rank");
+    }
+  }
+  // Sweep along the dimension with the most distinct offsets: slices leave the active set once
+  // the sweep passes their end, so a slice is compared only with those it could touch there.
+  const size_t rank = first.shape.size();
+  std::vector<size_t> live;  // positions k of slices with at least one element
+  for (size_t k = 0; k < slices.size(); ++k) {
+    if (NumElements(index.tensors[slices[k]].shape) > 0) live.push_back(k);
+  }
+  size_t sweep = 0;
+  size_t most = 0;
+  for (size_t d = 0; d < rank; ++d) {
+    std::vector<int64_t> offsets;
+    offsets.reserve(live.size());
+    for (size_t k : live) offsets.push_back(index.tensors[slices[k]].box_offset[d]);
+    std::sort(offsets.begin(), offsets.end());
+    const size_t distinct =
+        static_cast<size_t>(std::unique(offsets.begin(), offsets.end()) - offsets.begin());
+    if (distinct > most) {
+      most = distinct;
+      sweep = d;
+    }
+  }
+  auto at = [&](size_t k) -> const TensorEntry& { return index.tensors[slices[k]]; };
+  auto start = [&](size_t k) { return rank == 0 ? 0 : at(k).box_offset[sweep]; };
+  std::stable_sort(live.begin(), live.end(),
+                   [&](size_t a, size_t b) { return start(a) < start(b); });
+  std::vector<size_t> active;
+  uint64_t covered = 0;
+  for (size_t k : live) {
+    if (rank > 0) {
+      std::erase_if(active, [&](size_t a) { return End(at(a), sweep) <= start(k); });
+    }
+    for (size_t a : active) {
+      if (Overlap(at(a), at(k))) {
+        const size_t lo = std::min(a, k);
+        const size_t hi = std::max(a, k);
+        return Status::Corruption(prefix + SliceName(at(lo), lo) + " and slice " +
+                                  std::to_string(hi) + " (box " +
+                                  BoxText(at(hi).box_offset, at(hi).shape) +
+                                  ") overlap; every element must be written once");
+      }
+    }
+    active.push_back(k);
+    covered += static_cast<uint64_t>(NumElements(at(k).shape));
+  }
+  const uint64_t global = static_cast<uint64_t>(NumElements(first.global_shape));
+  // Inside the global shape and without overlap, the slices tile it exactly when their
+  // elements add up to its own.
+  if (tiling && covered != global) {
+    return Status::Corruption(
+        prefix + "tensor " + Quote(first.name) + ": its " + std::to_string(slices.size()) +
+        " slices cover " + std::to_string(covered) + " of the " + std::to_string(global) +
+        " elements of its global shape " + ShapeText(first.global_shape) + " (a gap)");
+  }
+  return Status::OK();
+}
+
+Status CheckSlices(const Index& index, bool tiling, const std::string& prefix) {
+  std::unordered_map<std::string_view, std::vector<size_t>> by_name;
+  std::vector<std::string_view> order;
+  for (size_t i = 0; i < index.tensors.size(); ++i) {
+    const TensorEntry& tensor = index.tensors[i];
+    std::vector<size_t>& slices = by_name[tensor.name];
+    if (slices.empty()) order.push_back(tensor.name);
+    Status status = CheckSlice(index, tensor, slices.size(), prefix);
+    if (!status.ok()) return status;
+    slices.push_back(i);
+  }
+  for (std::string_view name : order) {
+    Status status = CheckSlicesOfOneName(index, by_name[name], tiling, prefix);
+    if (!status.ok()) return status;
+  }
+  return Status::OK();
+}
+
+enum class Want { kIndex, kPart };
+
+Result<Index> Parse(std::span<const uint8_t> bytes, std::string_view path, Want want) {
+  bool sharded = false;
+  Status status = CheckEnvelope(bytes, path, &sharded);
+  if (!status.ok()) return status;
+  const std::string prefix = "index " + std::string(path) + ": ";
+  if (want == Want::kPart && !sharded) {
+    return Status::Corruption(prefix + "a rank's part of a sharded index must be sharded");
+  }
+  const auto body =
+      bytes.subspan(kIndexHeaderBytes, bytes.size() - kIndexHeaderBytes - kIndexFooterBytes);
+  Result<Index> index = BodyParser(body, path, sharded).Parse();
+  if (!index.ok() || !sharded) return index;
+  status = CheckSlices(*index, want == Want::kIndex, prefix);
+  if (!status.ok()) return status;
+  return index;
+}
+
 }  // namespace
 
 Result<Index> ParseIndex(std::span<const uint8_t> bytes, std::string_view path) {
-  Status status = CheckEnvelope(bytes, path);
-  if (!status.ok()) return status;
-  const auto body =
-      bytes.subspan(kIndexHeaderBytes, bytes.size() - kIndexHeaderBytes - kIndexFooterBytes);
-  return BodyParser(body, path).Parse();
+  return Parse(bytes, path, Want::kIndex);
+}
+
+Result<Index> ParseIndexPart(std::span<const uint8_t> bytes, std::string_view path) {
+  return Parse(bytes, path, Want::kPart);
+}
+
+Result<Index> MergeShardedParts(std::vector<Index> parts, uint32_t world_size) {
+  const std::string prefix =
+      "index merged from the parts of " + std::to_string(world_size) + " ranks: ";
+  if (world_size == 0 || parts.size() != world_size) {
+    return Status::InvalidArgument(prefix + "got " + std::to_string(parts.size()) +
+                                   " parts; need one per rank");
+  }
+  Index merged;
+  merged.sharded = true;
+  merged.world_size = world_size;
+  merged.metadata = parts[0].metadata;
+  merged.num_data_files = parts[0].num_data_files;
+  size_t count = 0;
+  for (const Index& part : parts) count += part.tensors.size();
+  merged.tensors.reserve(count);
+  for (uint32_t r = 0; r < world_size; ++r) {
+    Index& part = parts[r];
+    const std::string what = "part of rank " + std::to_string(r);
+    if (!part.sharded || part.world_size != world_size) {
+      return Status::Corruption(prefix + "the " + what + " is " +
+                                (part.sharded ? "of world size " + std::to_string(part.world_size)
+                                              : std::string("not sharded")));
+    }
+    if (part.metadata.step != merged.metadata.step) {
+      return Status::Corruption(prefix + "the " + what + " holds step " +
+                                std::to_string(part.metadata.step) + " but rank 0's holds step " +
+                                std::to_string(merged.metadata.step));
+    }
+    if (part.metadata.user != merged.metadata.user) {
+      return Status::Corruption(prefix + "the " + what + " has other user metadata than rank 0's");
+    }
+    if (part.num_data_files != merged.num_data_files) {
+      return Status::Corruption(prefix + "the " + what + " names " +
+                                std::to_string(part.num_data_files) + " data files but rank 0's " +
+                                std::to_string(merged.num_data_files));
+    }
+    for (TensorEntry& tensor : part.tensors) {
+      if (tensor.writer_rank != r) {
+        return Status::Corruption(prefix + "the " + what + " holds tensor " + Quote(tensor.name) +
+                                  " written by rank " + std::to_string(tensor.writer_rank));
+      }
+      if (tensor.global_shape.empty() && tensor.box_offset.empty()) {
+        tensor.global_shape = tensor.shape;
+        tensor.box_offset.assign(tensor.shape.size(), 0);
+      }
+      // The encoding has one rank per entry, so a mismatch must be caught before encoding.
+      if (tensor.global_shape.size() != tensor.shape.size() ||
+          tensor.box_offset.size() != tensor.shape.size()) {
+        return Status::Corruption(
+            prefix + "the " + what + " holds tensor " + Quote(tensor.name) + " of shape rank " +
+            std::to_string(tensor.shape.size()) + " but global shape rank " +
+            std::to_string(tensor.global_shape.size()) + " and box offset rank " +
+            std::to_string(tensor.box_offset.size()));
+      }
+      merged.tensors.push_back(std::move(tensor));
+    }
+  }
+  // Encoding and parsing again runs every check a reader will run on the written index.
+  const std::vector<uint8_t> bytes = EncodeIndex(merged);
+  return ParseIndex(bytes, "merged from the parts of " + std::to_string(world_size) + " ranks");
 }
 
 namespace {

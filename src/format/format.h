@@ -103,10 +103,13 @@ struct TensorEntry {
   uint64_t bytes = 0;
   /// Chunks covering [0, bytes) in order, without gaps or overlap (none when bytes is 0).
   std::vector<ChunkEntry> chunks;
-  /// Sharded indexes only (kIndexFlagSharded): the global tensor's dimensions; `shape` is then
-  /// this slice's extent and `bytes` its raw size. Empty in an unsharded index.
+  /// Sharded indexes only (kIndexFlagSharded): the global tensor's dimensions, as many as
+  /// `shape`; `shape` is then this slice's extent and `bytes` its raw size. Empty in an unsharded
+  /// index. In a sharded index an entry left empty here (and in box_offset) is a whole tensor:
+  /// EncodeIndex and MergeShardedParts write it as global_shape = shape, box_offset = zeros.
   std::vector<int64_t> global_shape;
-  /// Sharded only: the slice's first index in each global dimension.
+  /// Sharded only: the slice's first index in each global dimension; the slice is the box
+  /// [box_offset, box_offset + shape).
   std::vector<int64_t> box_offset;
   /// Sharded only: the rank that wrote the slice (the lowest rank holding the box).
   uint32_t writer_rank = 0;
@@ -157,9 +160,24 @@ std::vector<uint8_t> EncodeIndex(const Index& index);
 
 /// Parses and checks an index without looking at the data files: magic, version and checksum
 /// first, then every count, length and value against bounds before anything is allocated, and
-/// every tensor's chunks against the tensor. Corruption naming `path` and what is wrong (the
-/// tensor and chunk number when one is).
+/// every tensor's chunks against the tensor. A sharded index also has every slice checked
+/// (inside its global shape, written by a rank < world_size into that rank's data files) and
+/// every name's slices (one dtype and global shape, at most one per writer rank, no two
+/// overlapping, together tiling the global shape). Corruption naming `path` and what is wrong
+/// (the tensor, slice and chunk number when one is).
 Result<Index> ParseIndex(std::span<const uint8_t> bytes, std::string_view path);
+
+/// ParseIndex for one rank's part of a sharded index (`index.part-<rank>`): every check but
+/// the tiling, since a part holds only that rank's slices. Refuses an unsharded index.
+Result<Index> ParseIndexPart(std::span<const uint8_t> bytes, std::string_view path);
+
+/// The global index of a sharded checkpoint from the parts of its `world_size` ranks, `parts[r]`
+/// being rank r's (each holding only slices that rank wrote, with global data file numbers).
+/// The parts must agree on the step, the user metadata, num_data_files and world_size; the
+/// merged index keeps rank 0's wall time and lists the slices in rank order. The result passes
+/// every check of ParseIndex (it is encoded and parsed again), tiling included. InvalidArgument
+/// when parts.size() != world_size; otherwise Corruption naming the part or the tensor and slice.
+Result<Index> MergeShardedParts(std::vector<Index> parts, uint32_t world_size);
 
 /// Checks that every chunk lies inside its data file, whose sizes are `data_file_sizes`
 /// (one per data file; a file may be longer than its last chunk), and that no two chunks share a

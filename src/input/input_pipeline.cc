@@ -275,6 +275,9 @@ class CheckpointInputPipelineHook::Impl {
 
   bool restore_done() const { return restore_done_; }
   const SaveSchedule& schedule() const { return schedule_; }
+  // Whether a save is due after `step` on every worker (agreed under save_secs with a
+  // coordinator).
+  Result<bool> Due(int64_t step) { return schedule_.due_everywhere(step); }
   const std::string& restored_from() const { return restored_from_; }
   int64_t saves_committed() const {
     std::lock_guard lock(mu_);
@@ -361,6 +364,19 @@ class CheckpointInputPipelineHook::Impl {
 Result<std::unique_ptr<CheckpointInputPipelineHook>> CheckpointInputPipelineHook::Create(
     InputPipelineOptions options, SaveableIterator* iterator) {
   if (iterator == nullptr) return Status::InvalidArgument("the input iterator must not be null");
+  if (options.coordinator != nullptr && options.coordinator->size() > 1) {
+    const int size = options.coordinator->size();
+    const int rank = options.coordinator->rank();
+    if (options.num_workers == 1 && options.task_id == 0) {
+      options.num_workers = size;
+      options.task_id = rank;
+    } else if (options.num_workers != size || options.task_id != rank) {
+      return Status::InvalidArgument(
+          "num_workers " + std::to_string(options.num_workers) + " and task_id " +
+          std::to_string(options.task_id) + " disagree with the coordinator's " +
+          std::to_string(size) + " processes and rank " + std::to_string(rank));
+    }
+  }
   if (options.num_workers < 1 || options.task_id < 0 || options.task_id >= options.num_workers) {
     return Status::InvalidArgument(
         "task_id " + std::to_string(options.task_id) +
@@ -380,7 +396,11 @@ Result<std::unique_ptr<CheckpointInputPipelineHook>> CheckpointInputPipelineHook
                                      "' must differ from the input checkpoints' basename");
     }
   }
-  ASSIGN_OR_RETURN(SaveSchedule schedule, SaveSchedule::Create(saver));
+  // Only the schedule is agreed across processes: the saver options themselves carry no
+  // coordinator, so each worker's input checkpoints are written and committed as one process's.
+  SaverOptions schedule_options = saver;
+  schedule_options.coordinator = options.coordinator;
+  ASSIGN_OR_RETURN(SaveSchedule schedule, SaveSchedule::Create(schedule_options));
   return std::unique_ptr<CheckpointInputPipelineHook>(new CheckpointInputPipelineHook(
       std::make_unique<Impl>(std::move(options), iterator, std::move(schedule))));
 }
@@ -405,7 +425,8 @@ Result<RunArgs> CheckpointInputPipelineHook::before_run(RunContext& context) {
 Status CheckpointInputPipelineHook::after_run(RunContext& context, const RunValues& values) {
   (void)values;
   RETURN_IF_ERROR(impl_->Poll(&context));
-  if (!impl_->schedule().due(context.step())) return Status::OK();
+  ASSIGN_OR_RETURN(const bool due, impl_->Due(context.step()));
+  if (!due) return Status::OK();
   return impl_->Save(context.step());
 }
 

@@ -26,14 +26,18 @@ class AsyncCheckpointSaverHook::Impl {
   ~Impl() { engine_.reset(); }  // waits for saves in flight before the storage goes
 
   Status Begin() {
-    ASSIGN_OR_RETURN(std::vector<std::string> removed, storage_.Start(options_));
+    ASSIGN_OR_RETURN(SaverStart start, StartSaver(options_, *registry_, &storage_));
     {
       std::lock_guard lock(mu_);
-      totals_.stale_temporaries_removed = std::move(removed);
+      totals_.stale_temporaries_removed = std::move(start.removed);
     }
-    ASSIGN_OR_RETURN(engine_,
-                     Engine::Create(EngineOptionsFor(options_), storage_.fs, storage_.manager.get(),
-                                    registry_, [this](const SaveStats& stats) { OnDone(stats); }));
+    written_ = std::move(start.written);
+    Result<std::unique_ptr<Engine>> engine = Engine::Create(
+        EngineOptionsFor(options_, std::move(start.job_token)), storage_.fs, storage_.manager.get(),
+        written_ ? written_.get() : registry_, [this](const SaveStats& stats) { OnDone(stats); });
+    // Every rank of a job learns whether every rank has an engine, so that none trains alone.
+    RETURN_IF_ERROR(AgreeStarted(options_, engine.status()));
+    engine_ = std::move(engine).value();
     for (auto* listener : listeners_) listener->begin();
     return Status::OK();
   }
@@ -111,6 +115,9 @@ class AsyncCheckpointSaverHook::Impl {
   }
 
   const SaveSchedule& schedule() const { return schedule_; }
+  // Whether a save is due after `step` on every rank: under save_secs with a coordinator, one
+  // small broadcast from rank 0, never a wait for another rank's save.
+  Result<bool> Due(int64_t step) { return schedule_.due_everywhere(step); }
 
   SaverTotals Totals() const {
     std::lock_guard lock(mu_);
@@ -150,6 +157,8 @@ class AsyncCheckpointSaverHook::Impl {
   std::vector<CheckpointSaverListener*> listeners_;
   SaveSchedule schedule_;
   SaverStorage storage_;
+  // Multi-process jobs: what this rank writes (the engine's registry); null in one process.
+  std::unique_ptr<TensorRegistry> written_;
   std::unique_ptr<Engine> engine_;
 
   mutable std::mutex mu_;  // guards what the background reports
@@ -187,7 +196,8 @@ Status AsyncCheckpointSaverHook::after_create_session(int64_t global_step) {
 Status AsyncCheckpointSaverHook::after_run(RunContext& context, const RunValues& values) {
   (void)values;
   RETURN_IF_ERROR(impl_->Poll(&context));
-  if (!impl_->schedule().due(context.step())) return Status::OK();
+  ASSIGN_OR_RETURN(const bool due, impl_->Due(context.step()));
+  if (!due) return Status::OK();
   return impl_->Save(context.step(), /*may_skip=*/true);
 }
 

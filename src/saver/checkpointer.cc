@@ -257,6 +257,13 @@ class Checkpointer::Impl {
 Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(SaverOptions options,
                                                            bool asynchronous) {
   RETURN_IF_ERROR(ValidateSaverOptions(options));
+  if (options.coordinator != nullptr && options.coordinator->size() > 1) {
+    // Its registry changes from save to save, so the ranks could not agree on it once.
+    return Status::InvalidArgument(
+        "Checkpointer saves one process; a multi-process job (coordinator of " +
+        std::to_string(options.coordinator->size()) +
+        " processes) uses CheckpointSaverHook or AsyncCheckpointSaverHook");
+  }
   ASSIGN_OR_RETURN(SaveSchedule schedule, SaveSchedule::Create(options));
   auto impl = std::make_unique<Impl>(std::move(options), asynchronous, std::move(schedule));
   RETURN_IF_ERROR(impl->Start());

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <new>
 
 #include "asyncckpt/state.h"
 #include "src/codec/codec.h"
 #include "src/format/format.h"
+#include "src/saver/coordination.h"
 #include "src/util/io_status.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
@@ -63,13 +65,75 @@ Status ValidateSaverOptions(const SaverOptions& options) {
     return Status::InvalidArgument("background_threads must be <= 1024");
   }
   if (!options.clock) return Status::InvalidArgument("clock must be set");
+  if (!(options.coordination_timeout_secs > 0) ||
+      !std::isfinite(options.coordination_timeout_secs)) {
+    return Status::InvalidArgument(
+        "coordination_timeout_secs must be a positive number of "
+        "seconds, got " +
+        std::to_string(options.coordination_timeout_secs));
+  }
+  if (options.coordinator != nullptr) {
+    const int rank = options.coordinator->rank();
+    const int size = options.coordinator->size();
+    if (size < 1 || rank < 0 || rank >= size) {
+      return Status::InvalidArgument("coordinator says rank " + std::to_string(rank) + " of " +
+                                     std::to_string(size) + " processes");
+    }
+    if (size > 1 && options.on_busy == OnBusy::kSkip) {
+      // A save skipped on one rank would leave the others' parts waiting for it: the save of
+      // that step would fail on every rank.
+      return Status::InvalidArgument(
+          "on_busy kSkip is not supported in a multi-process job (" + std::to_string(size) +
+          " processes): a save skipped by one rank fails on all; use OnBusy::kWait");
+    }
+  }
   return ValidateCompressionOptions(options.compression);
 }
 
 Result<SaveSchedule> SaveSchedule::Create(const SaverOptions& options) {
   ASSIGN_OR_RETURN(SecondOrStepTimer timer,
                    SecondOrStepTimer::Create(options.save_steps, options.save_secs, options.clock));
-  return SaveSchedule(std::move(timer));
+  Coordinator* agree_with = nullptr;
+  if (options.save_secs && options.coordinator != nullptr && options.coordinator->size() > 1) {
+    agree_with = options.coordinator;
+  }
+  return SaveSchedule(std::move(timer), agree_with);
+}
+
+Result<bool> SaveSchedule::due_everywhere(int64_t step) {
+  if (agree_with_ == nullptr) return due(step);
+  // Only rank 0 reads its clock; what the others' would say does not matter.
+  return AgreeOnSaveDue(*agree_with_, agree_with_->rank() == 0 && due(step));
+}
+
+namespace {
+bool MultiProcess(const SaverOptions& options) {
+  return options.coordinator != nullptr && options.coordinator->size() > 1;
+}
+}  // namespace
+
+Result<SaverStart> StartSaver(const SaverOptions& options, const TensorRegistry& registry,
+                              SaverStorage* storage) {
+  SaverStart start;
+  if (!MultiProcess(options)) {
+    ASSIGN_OR_RETURN(start.removed, storage->Start(options));
+    return start;
+  }
+  Coordinator& coordinator = *options.coordinator;
+  ASSIGN_OR_RETURN(start.job_token, AgreeOnJobToken(coordinator, [&]() -> Status {
+                     ASSIGN_OR_RETURN(start.removed, storage->Start(options));
+                     return Status::OK();
+                   }));
+  const Status attached = coordinator.rank() == 0 ? Status::OK() : storage->Attach(options);
+  ASSIGN_OR_RETURN(TensorRegistry written, AgreeOnWriters(coordinator, registry, attached));
+  start.written = std::make_unique<TensorRegistry>(std::move(written));
+  return start;
+}
+
+Status AgreeStarted(const SaverOptions& options, const Status& local) {
+  if (!MultiProcess(options)) return local;
+  Coordinator& coordinator = *options.coordinator;
+  return AgreeOnStatus(coordinator, local);
 }
 
 namespace {
@@ -105,9 +169,8 @@ Status LockDirectory(io::FileSystem& fs, const SaverOptions& options,
 
 std::string DirectoryLockFileName(const std::string& basename) { return basename + ".lock"; }
 
-Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options,
-                                                     const std::string& state_file_name,
-                                                     const CheckpointPartner& partner) {
+void SaverStorage::OpenFileSystem(const SaverOptions& options) {
+  if (fs != nullptr) return;
   fs = options.file_system;
   if (fs == nullptr) {
     std::string fallback;
@@ -117,16 +180,10 @@ Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options
     if (!fallback.empty()) LogLine(fallback);
     fs = owned_fs.get();
   }
-  RETURN_IF_ERROR(
-      ToStatus(fs->create_dirs(options.checkpoint_dir)).WithContext("creating checkpoint_dir"));
-  // Locked before anything in the directory is looked at or removed: another job's temporaries
-  // are its saves in progress, not debris.
-  if (lock == nullptr) RETURN_IF_ERROR(LockDirectory(*fs, options, &lock));
-  // A start that fails below leaves the directory to whoever comes next.
-  bool started = false;
-  const ScopeExit unlock_unless_started([&] {
-    if (!started) lock.reset();
-  });
+}
+
+void SaverStorage::MakeManager(const SaverOptions& options, const std::string& state_file_name,
+                               const CheckpointPartner& partner) {
   CheckpointManagerOptions manager_options{
       .checkpoint_dir = options.checkpoint_dir,
       .basename = options.basename,
@@ -144,9 +201,44 @@ Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options
                                InputStateFileForBasename(options.paired_input_basename)};
   }
   manager = std::make_unique<CheckpointManager>(fs, std::move(manager_options), options.clock);
+}
+
+Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options,
+                                                     const std::string& state_file_name,
+                                                     const CheckpointPartner& partner) {
+  OpenFileSystem(options);
+  RETURN_IF_ERROR(
+      ToStatus(fs->create_dirs(options.checkpoint_dir)).WithContext("creating checkpoint_dir"));
+  // Locked before anything in the directory is looked at or removed: another job's temporaries
+  // are its saves in progress, not debris.
+  if (lock == nullptr) RETURN_IF_ERROR(LockDirectory(*fs, options, &lock));
+  // A start that fails below leaves the directory to whoever comes next.
+  bool started = false;
+  const ScopeExit unlock_unless_started([&] {
+    if (!started) lock.reset();
+  });
+  MakeManager(options, state_file_name, partner);
   ASSIGN_OR_RETURN(StartupReport report, manager->Start());
   started = true;
   return std::move(report.removed);
+}
+
+Status SaverStorage::Attach(const SaverOptions& options, const std::string& state_file_name,
+                            const CheckpointPartner& partner) {
+  OpenFileSystem(options);
+  // Rank 0 created checkpoint_dir before the ranks agreed on the job token; a missing one here
+  // means the ranks do not share it.
+  io::EntryType type = io::EntryType::kNone;
+  RETURN_IF_ERROR(ToStatus(fs->entry_type(options.checkpoint_dir, &type))
+                      .WithContext("looking for checkpoint_dir"));
+  if (type != io::EntryType::kDirectory) {
+    return Status::FailedPrecondition(
+        "checkpoint_dir " + options.checkpoint_dir +
+        " is not a directory on this rank although rank 0 created it: every rank of a "
+        "multi-process job needs the same shared checkpoint_dir");
+  }
+  MakeManager(options, state_file_name, partner);
+  return Status::OK();
 }
 
 namespace {
@@ -254,8 +346,14 @@ Result<std::vector<int64_t>> CommittedCheckpointSteps(const std::string& dir,
   });
 }
 
-EngineOptions EngineOptionsFor(const SaverOptions& saver) {
+EngineOptions EngineOptionsFor(const SaverOptions& saver, std::string job_token) {
   EngineOptions options;
+  if (saver.coordinator != nullptr) {
+    options.sharding.rank = static_cast<uint32_t>(saver.coordinator->rank());
+    options.sharding.world_size = static_cast<uint32_t>(saver.coordinator->size());
+  }
+  options.sharding.job_token = std::move(job_token);
+  options.sharding.timeout_seconds = saver.coordination_timeout_secs;
   options.checkpoint_dir = saver.checkpoint_dir;
   options.basename = saver.basename;
   options.chunk_bytes = saver.chunk_bytes;

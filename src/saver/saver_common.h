@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "asyncckpt/coordinator.h"
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/saver_hook.h"
 #include "asyncckpt/timer.h"
@@ -25,8 +26,14 @@ class SaveSchedule {
  public:
   /// Built from validated options.
   static Result<SaveSchedule> Create(const SaverOptions& options);
-  /// True when a save is due after the step that made global step `step`.
+  /// True when a save is due after the step that made global step `step`, by this process's
+  /// clock.
   bool due(int64_t step) const { return timer_.should_trigger_for_step(step); }
+  /// Whether a save is due after `step` in every process of the job: due(step) in a single
+  /// process, or with save_steps (every rank counts the same steps); under save_secs in a
+  /// multi-process job, rank 0's due(step), broadcast (a collective: every rank calls it after
+  /// every step, in step order), so that a rank with a skewed clock saves the same steps.
+  Result<bool> due_everywhere(int64_t step);
   /// Records a save's attempt at `step`, saved or skipped: the next one is due N steps or
   /// seconds later.
   void mark(int64_t step) { (void)timer_.update_last_triggered_step(step); }
@@ -36,8 +43,10 @@ class SaveSchedule {
   bool final_save_needed(int64_t step) const { return last_saved_step_ != step; }
 
  private:
-  explicit SaveSchedule(SecondOrStepTimer timer) : timer_(std::move(timer)) {}
+  SaveSchedule(SecondOrStepTimer timer, Coordinator* agree_with)
+      : timer_(std::move(timer)), agree_with_(agree_with) {}
   SecondOrStepTimer timer_;
+  Coordinator* agree_with_;  // the job's coordinator when the decision must be agreed, or null
   std::optional<int64_t> last_saved_step_;
 };
 
@@ -70,13 +79,51 @@ struct SaverStorage {
   Result<std::vector<std::string>> Start(
       const SaverOptions& options, const std::string& state_file_name = kCheckpointStateFileName,
       const CheckpointPartner& partner = {});
+  /// For a rank other than 0 of a multi-process job, after rank 0's Start(): opens the file
+  /// system and creates a manager (for the engine) without locking the directory or touching
+  /// anything in it, which rank 0 alone does. FailedPrecondition when checkpoint_dir is not a
+  /// directory here (the ranks do not share it).
+  Status Attach(const SaverOptions& options,
+                const std::string& state_file_name = kCheckpointStateFileName,
+                const CheckpointPartner& partner = {});
   /// Lets another saver take the directory (the hooks call it once their last save is
   /// durable, in end()).
   void ReleaseLock() { lock.reset(); }
+
+ private:
+  void OpenFileSystem(const SaverOptions& options);
+  void MakeManager(const SaverOptions& options, const std::string& state_file_name,
+                   const CheckpointPartner& partner);
 };
 
-/// The engine options a saver's options give (the fields both have, same meaning).
-EngineOptions EngineOptionsFor(const SaverOptions& saver);
+/// What a saver's begin() hands its engine.
+struct SaverStart {
+  /// Entries rank 0 (or the single process) removed from checkpoint_dir at the start.
+  std::vector<std::string> removed;
+  /// The job's token (multi-process jobs; empty otherwise).
+  std::string job_token;
+  /// Multi-process jobs: the tensors and boxes this rank writes (replicas held by a lower rank
+  /// left out). Null in a single process: the engine takes the hook's registry.
+  std::unique_ptr<TensorRegistry> written;
+};
+
+/// A saver's start. One process: storage->Start(options) (lock, clean-up). A multi-process job
+/// (options.coordinator of size > 1; collective): rank 0 runs storage->Start while the others
+/// wait, then every rank learns the job token, rank != 0 attaches to the directory
+/// (storage->Attach), and the ranks agree on who writes what (AgreeOnWriters). Every rank
+/// returns the same error when one rank could not start, naming it.
+Result<SaverStart> StartSaver(const SaverOptions& options, const TensorRegistry& registry,
+                              SaverStorage* storage);
+
+/// Collective in a multi-process job (a no-op otherwise): OK on every rank when `local` is OK
+/// on every rank, else on every rank the error of the lowest failing rank, naming it. The hooks
+/// call it after creating their engine, so that no rank trains on alone.
+Status AgreeStarted(const SaverOptions& options, const Status& local);
+
+/// The engine options a saver's options give (the fields both have, same meaning); with a
+/// coordinator, sharding names this rank, the job's size, `job_token` (agreed at begin) and
+/// coordination_timeout_secs.
+EngineOptions EngineOptionsFor(const SaverOptions& saver, std::string job_token = {});
 
 /// The savers' CheckpointValidator: OK (with the metadata's wall time) when `checkpoint_path`
 /// holds a regular "index" file of at most format::kMaxIndexBytes that decodes, and every chunk

@@ -23,18 +23,27 @@ class CheckpointSaverHook::Impl {
         schedule_(std::move(schedule)) {}
 
   Status Begin() {
-    ASSIGN_OR_RETURN(totals_.stale_temporaries_removed, storage_.Start(options_));
-    ASSIGN_OR_RETURN(engine_,
-                     Engine::Create(EngineOptionsFor(options_), storage_.fs, storage_.manager.get(),
-                                    registry_, [this](const SaveStats& stats) {
-                                      std::lock_guard lock(done_mu_);
-                                      done_ = stats;
-                                    }));
+    ASSIGN_OR_RETURN(SaverStart start, StartSaver(options_, *registry_, &storage_));
+    totals_.stale_temporaries_removed = std::move(start.removed);
+    written_ = std::move(start.written);
+    Result<std::unique_ptr<Engine>> engine = Engine::Create(
+        EngineOptionsFor(options_, std::move(start.job_token)), storage_.fs, storage_.manager.get(),
+        written_ ? written_.get() : registry_, [this](const SaveStats& stats) {
+          std::lock_guard lock(done_mu_);
+          done_ = stats;
+        });
+    // Every rank of a job learns whether every rank has an engine, so that none trains alone.
+    RETURN_IF_ERROR(AgreeStarted(options_, engine.status()));
+    engine_ = std::move(engine).value();
     for (auto* listener : listeners_) listener->begin();
     return Status::OK();
   }
 
   // Saves `step`; *stop is set when a listener asks the loop to stop.
+  // Whether a save is due after `step` on every rank (a collective under save_secs with a
+  // coordinator).
+  Result<bool> Due(int64_t step) { return schedule_.due_everywhere(step); }
+
   Status Save(int64_t step, bool* stop) {
     if (!engine_) return Status::FailedPrecondition("CheckpointSaverHook: begin() not called");
     schedule_.mark(step);
@@ -92,6 +101,8 @@ class CheckpointSaverHook::Impl {
   std::vector<CheckpointSaverListener*> listeners_;
   SaveSchedule schedule_;
   SaverStorage storage_;
+  // Multi-process jobs: what this rank writes (the engine's registry); null in one process.
+  std::unique_ptr<TensorRegistry> written_;
   SaverTotals totals_;
   std::mutex done_mu_;
   SaveStats done_;                  // written by on_done, read after WaitAll
@@ -120,7 +131,8 @@ Status CheckpointSaverHook::after_create_session(int64_t global_step) {
 
 Status CheckpointSaverHook::after_run(RunContext& context, const RunValues& values) {
   (void)values;
-  if (!impl_->schedule().due(context.step())) return Status::OK();
+  ASSIGN_OR_RETURN(const bool due, impl_->Due(context.step()));
+  if (!due) return Status::OK();
   bool stop = false;
   Status status = impl_->Save(context.step(), &stop);
   if (stop) context.request_stop();

@@ -8,12 +8,12 @@
 
 namespace asyncckpt {
 
-namespace {
-
 Status SealDataFile(DataFileToSeal& data) {
   if (data.written != data.size) RETURN_IF_ERROR(ToStatus(data.file->truncate(data.size)));
   return ToStatus(data.file->sync());
 }
+
+namespace {
 
 Status WriteIndex(io::FileSystem& fs, const std::string& dir, const CommitRequest& request) {
   io::OpenOptions options{.write = true, .create = true, .truncate = true};

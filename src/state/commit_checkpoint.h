@@ -53,6 +53,9 @@ struct CommitResult {
   bool committed = false;
 };
 
+/// Trims `data.file` to `data.size` when padding was written past it, then syncs it.
+Status SealDataFile(DataFileToSeal& data);
+
 /// Trims and syncs every data file, writes and syncs the index, then CommitDirectory (sync the
 /// directory, rename it into place, sync the parent), then manager.RecordCommitted (state file
 /// and retention). A failure before the rename removes the temporary directory (a failure to

@@ -364,10 +364,13 @@ class CudaCheckpointTest : public CudaDeviceTest, public ::testing::WithParamInt
                           {kRows, kCols},
                           weights_->get(),
                           kWeightBytes,
-                          device_})
+                          device_,
+                          {},
+                          {}})
                     .ok());
     ASSERT_TRUE(
-        registry_.add({"layer/bias", DType::kBF16, {1001}, bias_->get(), kBiasBytes, device_})
+        registry_
+            .add({"layer/bias", DType::kBF16, {1001}, bias_->get(), kBiasBytes, device_, {}, {}})
             .ok());
   }
   void TearDown() override {

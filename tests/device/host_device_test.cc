@@ -197,7 +197,9 @@ TEST_F(HostDeviceCheckpointTest, AsyncSaveOfHostDeviceTensorsRestoresBitForBit) 
                         {300'001},
                         weights.data(),
                         weights.size() * sizeof(float),
-                        HostDevice()})
+                        HostDevice(),
+                        {},
+                        {}})
                   .ok());
   ASSERT_TRUE(registry
                   .add({"counters",
@@ -205,7 +207,9 @@ TEST_F(HostDeviceCheckpointTest, AsyncSaveOfHostDeviceTensorsRestoresBitForBit) 
                         {17},
                         counters.data(),
                         counters.size() * sizeof(int64_t),
-                        HostDevice()})
+                        HostDevice(),
+                        {},
+                        {}})
                   .ok());
   SaverOptions options;
   options.checkpoint_dir = dir_;

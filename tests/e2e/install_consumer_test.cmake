@@ -90,6 +90,14 @@ if(NOT EXISTS "${consumer}" AND EXISTS "${build}/${CONFIG}/consumer")
 endif()
 run_step("running the consumer" "${consumer}" "${checkpoints}")
 message(STATUS "${step_output}")
+# The MPI coordinator, when the install has asyncckpt::mpi (one process, MPI's singleton start).
+foreach(candidate "${build}/mpi_consumer" "${build}/${CONFIG}/mpi_consumer")
+  if(EXISTS "${candidate}")
+    run_step("running the MPI consumer" "${candidate}")
+    message(STATUS "${step_output}")
+    break()
+  endif()
+endforeach()
 
 # 4. The installed CLI finds and verifies what the consumer wrote.
 run_step("asyncckpt latest" "${prefix}/bin/asyncckpt" latest "${checkpoints}")

@@ -100,7 +100,9 @@ class SessionCreatorTest : public ::testing::Test {
                           {static_cast<int64_t>(weights_.size())},
                           weights_.data(),
                           weights_.size() * sizeof(float),
-                          nullptr})
+                          nullptr,
+                          {},
+                          {}})
                     .ok());
   }
   void TearDown() override {

@@ -138,7 +138,9 @@ class AsyncSaverHookTest : public ::testing::Test {
                            {12, 100},
                            weights_.data(),
                            weights_.size() * sizeof(float),
-                           device})
+                           device,
+                           {},
+                           {}})
                     .ok());
     ASSERT_TRUE(registry
                     ->add({"dense/bias",
@@ -146,7 +148,9 @@ class AsyncSaverHookTest : public ::testing::Test {
                            {7},
                            bias_.data(),
                            bias_.size() * sizeof(int64_t),
-                           device})
+                           device,
+                           {},
+                           {}})
                     .ok());
   }
 
@@ -786,8 +790,14 @@ class AllDTypesState {
     for (size_t t = 0; t < buffers_.size(); ++t) {
       const std::string name = "t/" + std::string(DTypeName(kAllDTypes[t]));
       EXPECT_TRUE(registry
-                      .add({name, kAllDTypes[t], shapes_[t], buffers_[t].data(), buffers_[t].size(),
-                            nullptr})
+                      .add({name,
+                            kAllDTypes[t],
+                            shapes_[t],
+                            buffers_[t].data(),
+                            buffers_[t].size(),
+                            nullptr,
+                            {},
+                            {}})
                       .ok());
     }
     return registry;

@@ -67,7 +67,9 @@ class CheckpointerTest : public ::testing::TestWithParam<bool> {
                           {10, 100},
                           weights_.data(),
                           weights_.size() * sizeof(float),
-                          nullptr})
+                          nullptr,
+                          {},
+                          {}})
                     .ok());
     if (with_optimizer) {
       EXPECT_TRUE(registry
@@ -76,7 +78,9 @@ class CheckpointerTest : public ::testing::TestWithParam<bool> {
                             {3},
                             steps_seen_.data(),
                             steps_seen_.size() * sizeof(int64_t),
-                            nullptr})
+                            nullptr,
+                            {},
+                            {}})
                       .ok());
     }
     return registry;
@@ -366,10 +370,16 @@ TEST(CheckpointerBusyTest, WithOnBusySkipMaybeSaveSkipsWhileStagingIsHeld) {
   GatedFileSystem gate(io::NewPosixFileSystem());
   std::vector<float> weights(1000, 1.f);
   TensorRegistry registry;
-  ASSERT_TRUE(
-      registry
-          .add({"w", DType::kF32, {1000}, weights.data(), weights.size() * sizeof(float), nullptr})
-          .ok());
+  ASSERT_TRUE(registry
+                  .add({"w",
+                        DType::kF32,
+                        {1000},
+                        weights.data(),
+                        weights.size() * sizeof(float),
+                        nullptr,
+                        {},
+                        {}})
+                  .ok());
   SaverOptions options;
   options.checkpoint_dir = dir;
   options.save_steps = 1;

@@ -299,10 +299,16 @@ TEST_F(SaverStorageTest, RetentionFailureIsNotASaveFailureAndTheNextStartRuns) {
   io::FaultInjectionFileSystem injected(posix_.get());
   injected.fail_ops_matching(kModel, EACCES, io::FaultOp::kRemove);
   TensorRegistry registry;
-  ASSERT_TRUE(
-      registry
-          .add({"w", DType::kF32, {4096}, values_.data(), values_.size() * sizeof(float), nullptr})
-          .ok());
+  ASSERT_TRUE(registry
+                  .add({"w",
+                        DType::kF32,
+                        {4096},
+                        values_.data(),
+                        values_.size() * sizeof(float),
+                        nullptr,
+                        {},
+                        {}})
+                  .ok());
   for (int run = 0; run < 2; ++run) {
     SCOPED_TRACE("run " + std::to_string(run));
     auto hook = CheckpointSaverHook::Create(Options(1, &injected), &registry);

@@ -55,7 +55,9 @@ class CheckpointSaverHookTest : public ::testing::Test {
                           {30, 100},
                           weights_.data(),
                           weights_.size() * sizeof(float),
-                          nullptr})
+                          nullptr,
+                          {},
+                          {}})
                     .ok());
     ASSERT_TRUE(registry_
                     .add({"dense/bias",
@@ -63,7 +65,9 @@ class CheckpointSaverHookTest : public ::testing::Test {
                           {7},
                           bias_.data(),
                           bias_.size() * sizeof(int64_t),
-                          nullptr})
+                          nullptr,
+                          {},
+                          {}})
                     .ok());
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -154,7 +158,9 @@ TEST_F(CheckpointSaverHookTest, WritesByteForByteWhatTheAsynchronousHookWrites) 
                         {100000},
                         large.data(),
                         large.size() * sizeof(float),
-                        nullptr})
+                        nullptr,
+                        {},
+                        {}})
                   .ok());
   auto write_with = [&](bool asynchronous, const std::string& dir) {
     SaverOptions options = Options(3);

@@ -77,7 +77,9 @@ class SaverLockTest : public ::testing::Test {
                           {4096},
                           weights_.data(),
                           weights_.size() * sizeof(float),
-                          nullptr})
+                          nullptr,
+                          {},
+                          {}})
                     .ok());
     char host[256] = {};
     ::gethostname(host, sizeof(host) - 1);

@@ -36,7 +36,9 @@ int main(int argc, char** argv) {
                                           {4, 8},
                                           weights.data(),
                                           weights.size() * sizeof(float),
-                                          nullptr});
+                                          nullptr,
+                                          {},
+                                          {}});
   if (!added.ok()) return Fail("registering the tensor", added);
 
   asyncckpt::SaverOptions options;

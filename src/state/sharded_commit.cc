@@ -1,0 +1,354 @@
+#include "src/state/sharded_commit.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <set>
+#include <thread>
+
+#include "src/util/elapsed.h"
+#include "src/util/io_status.h"
+#include "src/util/log.h"
+#include "src/util/status_macros.h"
+
+namespace asyncckpt {
+
+namespace {
+
+constexpr char kClaimedPrefix[] = "index.claimed-";
+// A failure text longer than this is cut when read back: it is a message, not data.
+constexpr uint64_t kMaxTextBytes = 64 * 1024;
+// A part index larger than this is refused before it is read (format::kMaxIndexBytes).
+constexpr uint64_t kMaxPartBytes = 1ull << 30;
+
+std::string RankDigits(uint32_t rank) {
+  char buffer[16];
+  std::snprintf(buffer, sizeof(buffer), "%05u", rank);
+  return buffer;
+}
+
+std::string ClaimedFileName(uint32_t rank) { return kClaimedPrefix + RankDigits(rank); }
+
+std::string Seconds(double seconds) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof(buffer), "%g", seconds);
+  return buffer;
+}
+
+// Polls the file system at a pace that starts fast (a commit on a quiet disk takes
+// milliseconds) and settles at 20 ms (a long wait must not spin).
+class Poller {
+ public:
+  explicit Poller(double timeout_seconds) { Restart(timeout_seconds); }
+  void Restart(double timeout_seconds) {
+    deadline_ = SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
+                                         std::chrono::duration<double>(timeout_seconds));
+  }
+  bool Expired() const { return SteadyClock::now() >= deadline_; }
+  void Sleep() {
+    std::this_thread::sleep_for(pause_);
+    pause_ = std::min(pause_ * 2, std::chrono::microseconds(20000));
+  }
+
+ private:
+  SteadyClock::time_point deadline_;
+  std::chrono::microseconds pause_{500};
+};
+
+Result<bool> Exists(io::FileSystem& fs, const std::string& path) {
+  io::EntryType type = io::EntryType::kNone;
+  RETURN_IF_ERROR(ToStatus(fs.entry_type(path, &type)));
+  return type != io::EntryType::kNone;
+}
+
+// Writes `bytes` to dir/name so that a reader sees all of it or nothing: a temporary beside it,
+// renamed into place. `durable` also syncs the file and the directory.
+Status WriteWhole(io::FileSystem& fs, const std::string& dir, const std::string& name,
+                  std::span<const uint8_t> bytes, bool durable) {
+  const std::string path = JoinCheckpointPath(dir, name);
+  const std::string writing = path + ".writing";
+  {
+    std::unique_ptr<io::File> file;
+    RETURN_IF_ERROR(
+        ToStatus(fs.open(writing, {.write = true, .create = true, .truncate = true}, &file)));
+    RETURN_IF_ERROR(ToStatus(file->write_at(0, bytes.data(), bytes.size())));
+    if (durable) RETURN_IF_ERROR(ToStatus(file->sync()));
+  }
+  RETURN_IF_ERROR(ToStatus(fs.rename(writing, path)));
+  if (durable) RETURN_IF_ERROR(ToStatus(fs.sync_dir(dir)));
+  return Status::OK();
+}
+
+Status WriteText(io::FileSystem& fs, const std::string& dir, const std::string& name,
+                 const std::string& text) {
+  return WriteWhole(fs, dir, name,
+                    std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()), false);
+}
+
+// The first `limit` bytes of `path` at most; larger files are an error when `refuse_larger`.
+Result<std::vector<uint8_t>> ReadWhole(io::FileSystem& fs, const std::string& path, uint64_t limit,
+                                       bool refuse_larger) {
+  std::unique_ptr<io::File> file;
+  RETURN_IF_ERROR(ToStatus(fs.open(path, {}, &file)));
+  uint64_t size = 0;
+  RETURN_IF_ERROR(ToStatus(file->size(&size)));
+  if (size > limit) {
+    if (refuse_larger) {
+      return Status::Corruption(path + " is " + std::to_string(size) + " bytes; at most " +
+                                std::to_string(limit));
+    }
+    size = limit;
+  }
+  std::vector<uint8_t> bytes(size);
+  RETURN_IF_ERROR(ToStatus(file->read_at(0, bytes.data(), bytes.size())));
+  return bytes;
+}
+
+std::string ReadText(io::FileSystem& fs, const std::string& path) {
+  Result<std::vector<uint8_t>> bytes = ReadWhole(fs, path, kMaxTextBytes, false);
+  if (!bytes.ok()) return "(its error could not be read: " + bytes.status().message() + ")";
+  return std::string(bytes->begin(), bytes->end());
+}
+
+// What one rank's share of the save is about.
+class Share {
+ public:
+  Share(io::FileSystem& fs, ShardCommitRequest& request)
+      : fs_(fs),
+        request_(request),
+        tmp_path_(JoinCheckpointPath(request.checkpoint_dir, request.tmp_name)) {}
+
+  // Rank 0: decides that the save fails, because of `rank` for `why`, and says so in abort.
+  ShardCommitResult Abort(int rank, const Status& why) {
+    const std::string text = std::to_string(rank) + "\n" + why.message();
+    const Status written = WriteText(fs_, tmp_path_, kShardAbortFileName, text);
+    if (!written.ok()) {
+      LogLine("could not tell the other ranks that " + request_.final_name +
+              " failed (they will time out): " + written.message());
+    }
+    return {why.WithContext(request_.final_name), false, rank};
+  }
+
+  // Rank r != 0: says why its share failed, in failed-<r>.
+  void PublishFailure(const Status& why) {
+    const Status written =
+        WriteText(fs_, tmp_path_, ShardFailedFileName(request_.rank), why.message());
+    if (!written.ok()) {
+      LogLine("could not tell rank 0 that rank " + std::to_string(request_.rank) + "'s share of " +
+              request_.final_name + " failed (it will time out): " + written.message());
+    }
+  }
+
+  Status Seal() {
+    for (DataFileToSeal& data : request_.data_files) RETURN_IF_ERROR(SealDataFile(data));
+    request_.data_files.clear();
+    return Status::OK();
+  }
+
+  ShardCommitResult Lead(CheckpointManager& manager, const MergeShardPartsFn& merge);
+  ShardCommitResult Follow();
+
+ private:
+  Status Own(const Status& why) const {
+    return Status(why.code(),
+                  "rank " + std::to_string(request_.rank) + " failed: " + why.message());
+  }
+  std::string Path(const std::string& name) const { return JoinCheckpointPath(tmp_path_, name); }
+  std::string Waited() const { return Seconds(request_.timeout_seconds) + " s"; }
+
+  io::FileSystem& fs_;
+  ShardCommitRequest& request_;
+  const std::string tmp_path_;
+};
+
+ShardCommitResult Share::Lead(CheckpointManager& manager, const MergeShardPartsFn& merge) {
+  const uint32_t world = request_.world_size;
+  // 1. Wait until every other rank's part is durable, or one of them failed, or time is up.
+  Poller poller(request_.timeout_seconds);
+  for (;;) {
+    std::vector<std::string> listed;
+    const io::IoStatus status = fs_.list_dir(tmp_path_, &listed);
+    if (!status.ok()) return Abort(0, Own(ToStatus(status)));
+    const std::set<std::string> names(listed.begin(), listed.end());
+    int missing = -1;
+    for (uint32_t r = 1; r < world; ++r) {
+      if (names.count(ShardFailedFileName(r)) != 0) {
+        return Abort(static_cast<int>(r),
+                     Status::Aborted("rank " + std::to_string(r) +
+                                     " failed: " + ReadText(fs_, Path(ShardFailedFileName(r)))));
+      }
+      if (missing < 0 && names.count(ShardPartFileName(r)) == 0) missing = static_cast<int>(r);
+    }
+    if (missing < 0) break;
+    if (poller.Expired()) {
+      return Abort(missing,
+                   Status::Aborted("rank " + std::to_string(missing) + " sent no part within " +
+                                   Waited() + " (it died, hangs, or is slower than the timeout)"));
+    }
+    poller.Sleep();
+  }
+  // 2. Claim every part: from here no rank can withdraw, so the outcome is rank 0's alone.
+  std::vector<std::vector<uint8_t>> parts(world);
+  parts[0] = std::move(request_.part);
+  for (uint32_t r = 1; r < world; ++r) {
+    const io::IoStatus claimed = fs_.rename(Path(ShardPartFileName(r)), Path(ClaimedFileName(r)));
+    if (claimed.error_number() == ENOENT) {
+      return Abort(static_cast<int>(r),
+                   Status::Aborted("rank " + std::to_string(r) +
+                                   " withdrew its part (it gave up waiting for rank 0)"));
+    }
+    if (!claimed.ok()) return Abort(0, Own(ToStatus(claimed)));
+    Result<std::vector<uint8_t>> bytes =
+        ReadWhole(fs_, Path(ClaimedFileName(r)), kMaxPartBytes, true);
+    if (!bytes.ok()) return Abort(0, Own(bytes.status()));
+    parts[r] = std::move(bytes).value();
+  }
+  // 3. The global index, in place of the parts.
+  Result<std::vector<uint8_t>> index = merge(parts);
+  if (!index.ok()) return Abort(0, Own(index.status().WithContext("merging the ranks' parts")));
+  for (uint32_t r = 1; r < world; ++r) {
+    const Status removed = ToStatus(fs_.remove_file(Path(ClaimedFileName(r))));
+    if (!removed.ok()) return Abort(0, Own(removed));
+  }
+  const Status written = WriteWhole(fs_, tmp_path_, "index", *index, true);
+  if (!written.ok()) return Abort(0, Own(written));
+  // 4. The usual commit: the directory, then the state file and retention (rank 0 alone).
+  const Status moved =
+      CommitDirectory(fs_, request_.checkpoint_dir, request_.tmp_name, request_.final_name);
+  if (!moved.ok()) return Abort(0, Own(moved));
+  ShardCommitResult result;
+  result.committed = true;
+  result.status = manager.RecordCommitted(request_.final_name, request_.wall_time)
+                      .WithContext(request_.final_name);
+  return result;
+}
+
+ShardCommitResult Share::Follow() {
+  const std::string rank = std::to_string(request_.rank);
+  const std::string part = Path(ShardPartFileName(request_.rank));
+  Poller poller(request_.timeout_seconds);
+  bool claimed = false;
+  for (;;) {
+    Result<bool> aborted = Exists(fs_, Path(kShardAbortFileName));
+    if (aborted.ok() && *aborted) {
+      const std::string text = ReadText(fs_, Path(kShardAbortFileName));
+      const size_t newline = text.find('\n');
+      int blamed = 0;
+      const std::string head = text.substr(0, newline);
+      if (std::from_chars(head.data(), head.data() + head.size(), blamed).ec != std::errc()) {
+        blamed = 0;  // a damaged abort file still fails the save
+      }
+      const std::string why = newline == std::string::npos ? text : text.substr(newline + 1);
+      return {Status::Aborted(why).WithContext(request_.final_name), false, blamed};
+    }
+    Result<bool> pending = Exists(fs_, tmp_path_);
+    if (pending.ok() && !*pending) {
+      // Renamed into place, or removed by a new start of the job.
+      const std::string index = JoinCheckpointPath(
+          JoinCheckpointPath(request_.checkpoint_dir, request_.final_name), "index");
+      Result<bool> committed = Exists(fs_, index);
+      if (committed.ok() && *committed) return {Status::OK(), true, -1};
+      return {Status::Aborted("the temporary directory " + tmp_path_ +
+                              " went away without a commit (a new start of the job removed it?)")
+                  .WithContext(request_.final_name),
+              false, 0};
+    }
+    if (poller.Expired()) {
+      if (claimed) {
+        return {Status::Aborted("rank 0 took the parts but neither committed nor aborted within " +
+                                Seconds(2 * request_.timeout_seconds) + " s")
+                    .WithContext(request_.final_name),
+                false, 0};
+      }
+      // Withdraw the part: once it is gone rank 0 cannot commit without this rank.
+      const io::IoStatus withdrawn = fs_.remove_file(part);
+      if (withdrawn.ok()) {
+        PublishFailure(
+            Status::Aborted("rank " + rank + " gave up waiting for rank 0 after " + Waited()));
+        return {Status::Aborted("no commit from rank 0 within " + Waited() +
+                                " (it died, hangs, or is slower than the timeout)")
+                    .WithContext(request_.final_name),
+                false, 0};
+      }
+      // Gone already (rank 0 claimed it) or not removable: rank 0 decides; wait for it.
+      claimed = true;
+      poller.Restart(request_.timeout_seconds);
+    }
+    poller.Sleep();
+  }
+}
+
+template <typename Body>
+ShardCommitResult Guard(const std::string& final_name, Body&& body) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return {
+        Status::Internal("sharded commit threw: " + std::string(e.what())).WithContext(final_name),
+        false, -1};
+  } catch (...) {
+    return {
+        Status::Internal("sharded commit threw a non-standard exception").WithContext(final_name),
+        false, -1};
+  }
+}
+
+}  // namespace
+
+std::string ShardPartFileName(uint32_t rank) { return "index.part-" + RankDigits(rank); }
+
+std::string ShardFailedFileName(uint32_t rank) { return "failed-" + RankDigits(rank); }
+
+std::string ShardedTempDirName(const std::string& final_name, const std::string& job_token) {
+  return final_name + ".tmp-" + job_token;
+}
+
+Status ValidateJobToken(std::string_view token) {
+  const bool hex = std::all_of(token.begin(), token.end(), [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+  });
+  if (token.empty() || token.size() > 32 || !hex) {
+    return Status::InvalidArgument("sharding.job_token must be 1 to 32 hex digits, got \"" +
+                                   std::string(token.substr(0, 64)) + "\"");
+  }
+  return Status::OK();
+}
+
+ShardCommitResult CommitShard(io::FileSystem& fs, CheckpointManager& manager,
+                              ShardCommitRequest request, const MergeShardPartsFn& merge) {
+  const std::string final_name = request.final_name;
+  ShardCommitResult result = Guard(final_name, [&]() -> ShardCommitResult {
+    Share share(fs, request);
+    const Status sealed = share.Seal();
+    if (!sealed.ok()) return FailShard(fs, std::move(request), sealed.WithContext(final_name));
+    if (request.rank == 0) return share.Lead(manager, merge);
+    const std::string tmp_path = JoinCheckpointPath(request.checkpoint_dir, request.tmp_name);
+    const Status published =
+        WriteWhole(fs, tmp_path, ShardPartFileName(request.rank), request.part, true);
+    if (!published.ok()) {
+      return FailShard(fs, std::move(request), published.WithContext(final_name));
+    }
+    return share.Follow();
+  });
+  return result;
+}
+
+ShardCommitResult FailShard(io::FileSystem& fs, ShardCommitRequest request, const Status& why) {
+  const std::string final_name = request.final_name;
+  return Guard(final_name, [&]() -> ShardCommitResult {
+    request.data_files.clear();
+    Share share(fs, request);
+    if (request.rank == 0) {
+      share.Abort(0, Status(why.code(), "rank 0 failed: " + why.message()));
+    } else {
+      share.PublishFailure(why);
+    }
+    return {why, false, static_cast<int>(request.rank)};
+  });
+}
+
+}  // namespace asyncckpt

@@ -1,0 +1,298 @@
+#include "src/state/sharded_commit.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "asyncckpt/file_system.h"
+#include "asyncckpt/state.h"
+#include "io/fault_injection_file_system.h"
+#include "src/util/elapsed.h"
+
+namespace asyncckpt {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kToken[] = "00c0ffee12345678";
+
+// The "merge" of these tests: the parts side by side, each prefixed by its length, so that a
+// test can tell that every rank's part arrived, in rank order.
+Result<std::vector<uint8_t>> Concatenate(const std::vector<std::vector<uint8_t>>& parts) {
+  std::vector<uint8_t> out;
+  for (const auto& part : parts) {
+    out.push_back(static_cast<uint8_t>(part.size()));
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+class ShardedCommitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/sharded_commit_test-XXXXXX";
+    ASSERT_NE(mkdtemp(pattern), nullptr);
+    dir_ = pattern;
+    posix_ = io::NewPosixFileSystem();
+    manager_ = std::make_unique<CheckpointManager>(posix_.get(), dir_, "model.ckpt", 0, 0,
+                                                   SystemClockSeconds);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string tmp_name() const { return ShardedTempDirName("model.ckpt-7", kToken); }
+  std::string tmp_path() const { return dir_ + "/" + tmp_name(); }
+
+  // Rank `rank`'s share: one data file "data-<rank>" holding "rank<r>", and the part "p<r>".
+  ShardCommitRequest Prepare(io::FileSystem& fs, uint32_t rank, uint32_t world, double timeout) {
+    ShardCommitRequest request;
+    request.checkpoint_dir = dir_;
+    request.final_name = "model.ckpt-7";
+    request.tmp_name = tmp_name();
+    request.rank = rank;
+    request.world_size = world;
+    request.timeout_seconds = timeout;
+    request.wall_time = 1.7e9;
+    const io::IoStatus made = fs.create_dir(tmp_path());
+    EXPECT_TRUE(made.ok() || made.error_number() == EEXIST) << made.message();
+    std::unique_ptr<io::File> file;
+    EXPECT_TRUE(fs.open(tmp_path() + "/data-" + std::to_string(rank),
+                        io::OpenOptions{.write = true, .create = true, .truncate = true}, &file)
+                    .ok());
+    const std::string bytes = "rank" + std::to_string(rank);
+    EXPECT_TRUE(file->write_at(0, bytes.data(), bytes.size()).ok());
+    request.data_files.push_back({std::move(file), bytes.size(), bytes.size()});
+    const std::string part = "p" + std::to_string(rank);
+    request.part.assign(part.begin(), part.end());
+    return request;
+  }
+
+  // Runs each rank's body on its own thread; returns their results in rank order.
+  std::vector<ShardCommitResult> RunRanks(
+      const std::vector<std::function<ShardCommitResult()>>& ranks) {
+    std::vector<ShardCommitResult> results(ranks.size());
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      threads.emplace_back([&, r] { results[r] = ranks[r](); });
+    }
+    for (auto& t : threads) t.join();
+    return results;
+  }
+
+  std::function<ShardCommitResult()> Committer(uint32_t rank, uint32_t world, double timeout,
+                                               MergeShardPartsFn merge = Concatenate) {
+    return [this, rank, world, timeout, merge] {
+      return CommitShard(*posix_, *manager_, Prepare(*posix_, rank, world, timeout), merge);
+    };
+  }
+
+  std::string dir_;
+  std::unique_ptr<io::FileSystem> posix_;
+  std::unique_ptr<CheckpointManager> manager_;
+};
+
+TEST_F(ShardedCommitTest, EveryRankCommitsWhenEveryPartArrives) {
+  auto results = RunRanks({Committer(0, 3, 30), Committer(1, 3, 30), Committer(2, 3, 30)});
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_TRUE(results[r].status.ok()) << r << ": " << results[r].status.ToString();
+    EXPECT_TRUE(results[r].committed) << r;
+    EXPECT_EQ(results[r].failed_rank, -1) << r;
+  }
+  const std::string final_dir = dir_ + "/model.ckpt-7";
+  EXPECT_EQ(ReadFile(final_dir + "/index"), std::string("\x02p0\x02p1\x02p2"));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(ReadFile(final_dir + "/data-" + std::to_string(r)), "rank" + std::to_string(r));
+  }
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(final_dir)) {
+    names.push_back(entry.path().filename());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"data-0", "data-1", "data-2", "index"}))
+      << "parts, claims or markers left in the committed checkpoint";
+  EXPECT_FALSE(fs::exists(tmp_path()));
+  auto latest = LatestCheckpoint(dir_);
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_EQ(*latest, final_dir);
+}
+
+TEST_F(ShardedCommitTest, OneWorldRankCommitsAlone) {
+  auto results = RunRanks({Committer(0, 1, 30)});
+  ASSERT_TRUE(results[0].status.ok()) << results[0].status.ToString();
+  EXPECT_EQ(ReadFile(dir_ + "/model.ckpt-7/index"), std::string("\x02p0"));
+}
+
+TEST_F(ShardedCommitTest, AFailedRankAbortsTheSaveAndEveryRankNamesIt) {
+  ASSERT_TRUE(manager_->RecordCommitted("model.ckpt-3", 1.6e9).ok());
+  fs::create_directory(dir_ + "/model.ckpt-3");
+  std::ofstream(dir_ + "/model.ckpt-3/index") << "old";
+  auto results = RunRanks({Committer(0, 3, 30), Committer(1, 3, 30), [&] {
+                             return FailShard(*posix_, Prepare(*posix_, 2, 3, 30),
+                                              Status::IOError("disk on fire"));
+                           }});
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_FALSE(results[r].committed) << r;
+    EXPECT_EQ(results[r].failed_rank, 2) << r << ": " << results[r].status.ToString();
+    EXPECT_NE(results[r].status.message().find("disk on fire"), std::string::npos)
+        << r << ": " << results[r].status.ToString();
+  }
+  EXPECT_NE(results[0].status.message().find("rank 2 failed"), std::string::npos);
+  EXPECT_FALSE(fs::exists(dir_ + "/model.ckpt-7"));
+  auto latest = LatestCheckpoint(dir_);
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(*latest, dir_ + "/model.ckpt-3") << "the previous latest must stay";
+  EXPECT_EQ(ReadFile(dir_ + "/model.ckpt-3/index"), "old");
+}
+
+TEST_F(ShardedCommitTest, ALeaderFailureReachesEveryRank) {
+  auto results = RunRanks({[&] {
+                             return FailShard(*posix_, Prepare(*posix_, 0, 2, 30),
+                                              Status::IOError("rank zero's disk"));
+                           },
+                           Committer(1, 2, 30)});
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_FALSE(results[r].committed) << r;
+    EXPECT_EQ(results[r].failed_rank, 0) << r;
+    EXPECT_NE(results[r].status.message().find("rank zero's disk"), std::string::npos)
+        << results[r].status.ToString();
+  }
+  EXPECT_FALSE(fs::exists(dir_ + "/model.ckpt-7"));
+}
+
+TEST_F(ShardedCommitTest, AMissingRankMakesEveryOtherRankFailWithinTheTimeout) {
+  const double timeout = 0.3;
+  const auto start = SteadyClock::now();
+  // Rank 1 would wait longer: rank 0's abort, not its own timeout, must end its wait.
+  auto results = RunRanks({Committer(0, 3, timeout), Committer(1, 3, 30)});
+  const double took = SecondsSince(start);
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_FALSE(results[r].committed) << r;
+    EXPECT_EQ(results[r].failed_rank, 2) << r << ": " << results[r].status.ToString();
+    EXPECT_NE(results[r].status.message().find("rank 2 sent no part within 0.3 s"),
+              std::string::npos)
+        << results[r].status.ToString();
+  }
+  EXPECT_LT(took, timeout + 5) << "the ranks must give up near the timeout";
+  EXPECT_FALSE(fs::exists(dir_ + "/model.ckpt-7"));
+}
+
+TEST_F(ShardedCommitTest, WithoutRankZeroTheOthersTimeOutWithAClearError) {
+  const double timeout = 0.3;
+  const auto start = SteadyClock::now();
+  auto results = RunRanks({Committer(1, 3, timeout), Committer(2, 3, timeout)});
+  const double took = SecondsSince(start);
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_FALSE(results[r].committed);
+    EXPECT_EQ(results[r].failed_rank, 0);
+    EXPECT_NE(results[r].status.message().find("no commit from rank 0 within 0.3 s"),
+              std::string::npos)
+        << results[r].status.ToString();
+  }
+  EXPECT_GE(took, timeout);
+  EXPECT_LT(took, timeout + 5);
+  // Their parts are withdrawn, so a late rank 0 cannot commit without them.
+  EXPECT_FALSE(fs::exists(tmp_path() + "/" + ShardPartFileName(1)));
+  EXPECT_TRUE(fs::exists(tmp_path() + "/" + ShardFailedFileName(1)));
+  auto late = RunRanks({Committer(0, 3, 30)});
+  EXPECT_FALSE(late[0].committed);
+  EXPECT_EQ(late[0].failed_rank, 1) << late[0].status.ToString();
+  EXPECT_NE(late[0].status.message().find("gave up waiting"), std::string::npos)
+      << late[0].status.ToString();
+}
+
+TEST_F(ShardedCommitTest, ARankThatTimesOutAfterTheClaimWaitsForTheCommit) {
+  // Rank 0's merge outlasts rank 1's timeout (but not twice it): rank 1 finds its part
+  // claimed, cannot withdraw it, and must report the commit that rank 0 then makes.
+  auto slow_merge = [](const std::vector<std::vector<uint8_t>>& parts) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    return Concatenate(parts);
+  };
+  auto results = RunRanks({Committer(0, 2, 30, slow_merge), Committer(1, 2, 1.0)});
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_TRUE(results[r].status.ok()) << r << ": " << results[r].status.ToString();
+    EXPECT_TRUE(results[r].committed) << r;
+  }
+}
+
+TEST_F(ShardedCommitTest, PartsThatDoNotMergeAbortEveryRank) {
+  auto refuse = [](const std::vector<std::vector<uint8_t>>&) -> Result<std::vector<uint8_t>> {
+    return Status::Corruption("boxes of 'w' overlap");
+  };
+  auto results = RunRanks({Committer(0, 2, 30, refuse), Committer(1, 2, 30)});
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_FALSE(results[r].committed);
+    EXPECT_EQ(results[r].failed_rank, 0);
+    EXPECT_NE(results[r].status.message().find("boxes of 'w' overlap"), std::string::npos)
+        << results[r].status.ToString();
+  }
+  EXPECT_FALSE(fs::exists(dir_ + "/model.ckpt-7"));
+}
+
+TEST_F(ShardedCommitTest, AFailedSyncOfOneRanksDataAbortsTheSave) {
+  io::FaultInjectionFileSystem faulty(posix_.get());
+  faulty.fail_ops_matching("data-1", EIO, io::FaultOp::kSync);
+  auto results =
+      RunRanks({Committer(0, 2, 30), [&] {
+                  return CommitShard(faulty, *manager_, Prepare(faulty, 1, 2, 30), Concatenate);
+                }});
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_FALSE(results[r].committed);
+    EXPECT_EQ(results[r].failed_rank, 1) << results[r].status.ToString();
+    EXPECT_NE(results[r].status.message().find("data-1"), std::string::npos)
+        << results[r].status.ToString();
+  }
+}
+
+TEST_F(ShardedCommitTest, AFailedIndexWriteOnRankZeroReachesTheOthers) {
+  io::FaultInjectionFileSystem faulty(posix_.get());
+  faulty.fail_ops_matching("/index.writing", ENOSPC, io::FaultOp::kWrite);
+  CheckpointManager manager(&faulty, dir_, "model.ckpt", 0, 0, SystemClockSeconds);
+  auto results = RunRanks(
+      {[&] { return CommitShard(faulty, manager, Prepare(faulty, 0, 2, 30), Concatenate); },
+       Committer(1, 2, 30)});
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_FALSE(results[r].committed);
+    EXPECT_EQ(results[r].failed_rank, 0) << results[r].status.ToString();
+    EXPECT_NE(results[r].status.message().find("No space left"), std::string::npos)
+        << results[r].status.ToString();
+  }
+  EXPECT_FALSE(fs::exists(dir_ + "/model.ckpt-7"));
+}
+
+TEST_F(ShardedCommitTest, TheNextStartRemovesAFailedSavesTemporaryDirectory) {
+  RunRanks(
+      {[&] { return FailShard(*posix_, Prepare(*posix_, 0, 2, 30), Status::IOError("gone")); }});
+  ASSERT_TRUE(fs::exists(tmp_path() + "/" + kShardAbortFileName));
+  CheckpointManager next(posix_.get(), dir_, "model.ckpt", 0, 0, SystemClockSeconds);
+  auto report = next.Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_FALSE(fs::exists(tmp_path()));
+  EXPECT_EQ(report->removed, std::vector<std::string>{tmp_name()});
+}
+
+TEST_F(ShardedCommitTest, JobTokensAreHexOnly) {
+  EXPECT_TRUE(ValidateJobToken(kToken).ok());
+  EXPECT_FALSE(ValidateJobToken("").ok());
+  EXPECT_FALSE(ValidateJobToken("job-1").ok());
+  EXPECT_FALSE(ValidateJobToken("../x").ok());
+  EXPECT_FALSE(ValidateJobToken(std::string(33, 'a')).ok());
+  EXPECT_NE(ValidateJobToken("job-1").message().find("job_token"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace asyncckpt
