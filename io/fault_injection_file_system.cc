@@ -80,6 +80,15 @@ class FaultInjectionFileSystem::FaultFile final : public File {
     return inner_->truncate(bytes);
   }
 
+  // An injected failure reserves nothing, as a full disk may leave it.
+  IoStatus allocate(uint64_t offset, uint64_t n) override {
+    IoStatus s =
+        fs_->CheckFail(FaultOp::kAllocate, "allocate", DescribeOffset(path(), offset), {path()});
+    if (!s.ok()) return s;
+    if (state_ != nullptr) fs_->MarkDirty(*state_);
+    return inner_->allocate(offset, n);
+  }
+
   IoStatus sync() override {
     IoStatus s = fs_->CheckFail(FaultOp::kSync, "sync", path(), {path()});
     if (!s.ok() || state_ == nullptr) return s.ok() ? inner_->sync() : s;

@@ -30,7 +30,8 @@ enum class FaultOp : uint32_t {
   kRename = 1u << 7,      ///< rename, exchange (either path may match)
   kSyncDir = 1u << 8,     ///< sync_dir
   kLock = 1u << 9,        ///< lock_file
-  kAll = (1u << 10) - 1,  ///< every counted operation
+  kAllocate = 1u << 10,   ///< File::allocate
+  kAll = (1u << 11) - 1,  ///< every counted operation
 };
 
 /// The union of two sets of operation kinds.

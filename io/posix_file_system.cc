@@ -343,6 +343,19 @@ IoStatus PosixFile::truncate(uint64_t bytes) {
   return IoStatus::Ok();
 }
 
+IoStatus PosixFile::allocate(uint64_t offset, uint64_t n) {
+  if (n == 0) return IoStatus::Ok();
+  int rc;
+  do {
+    rc = ::fallocate(fd_, 0, static_cast<off_t>(offset), static_cast<off_t>(n));
+  } while (rc != 0 && errno == EINTR);
+  if (rc == 0) return IoStatus::Ok();
+  const int error = errno == ENOSYS ? ENOTSUP : errno;
+  return IoStatus::FromErrno(
+      error, "allocate",
+      path_ + " at offset " + std::to_string(offset) + ", " + std::to_string(n) + " bytes");
+}
+
 IoStatus OpenPosixFile(const std::string& path, const OpenOptions& options,
                        std::unique_ptr<File>* file) {
   int flags = O_CLOEXEC | (options.write ? O_RDWR : O_RDONLY);

@@ -39,6 +39,8 @@ class PosixFile final : public File {
   IoStatus sync() override;
   IoStatus size(uint64_t* bytes) override;
   IoStatus truncate(uint64_t bytes) override;
+  /// fallocate(2) mode 0; ENOTSUP also where the kernel lacks the call (ENOSYS).
+  IoStatus allocate(uint64_t offset, uint64_t n) override;
   int fd() const override { return fd_; }
 
  private:

@@ -80,6 +80,17 @@ class File {
   virtual IoStatus size(uint64_t* bytes) = 0;
   /// Sets the size (used to trim padding written for O_DIRECT).
   virtual IoStatus truncate(uint64_t bytes) = 0;
+  /// Reserves disk blocks for [offset, offset + n) and, where that reaches past the end, sets
+  /// the size to offset + n (fallocate(2) mode 0; the new bytes read as zeros). Writes there
+  /// then neither allocate nor extend the file, so a file system such as ext4 can run O_DIRECT
+  /// writes concurrently under a shared inode lock (and io_uring inline, without punting them
+  /// to worker threads). ENOTSUP (the default) where the backend or the file system cannot;
+  /// ENOSPC when the space is not there (part of the range may be reserved then).
+  virtual IoStatus allocate(uint64_t offset, uint64_t n) {
+    (void)offset;
+    (void)n;
+    return IoStatus(ENOTSUP, "allocate " + path() + ": not supported by this file");
+  }
   /// The raw descriptor, for backends that submit I/O themselves; -1 if there is none.
   virtual int fd() const = 0;
 };

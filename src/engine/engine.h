@@ -5,8 +5,10 @@
 // engine followed by a wait, Checkpointer, the input pipeline hook) writes through it, so a
 // checkpoint's bytes do not depend on which of them wrote it.
 //
-//   Submit (caller's thread): plan chunks -> lease staging -> device copies (the caller and
-//   the copy crew, copy_crew.h) -> one message per chunk into the graph
+//   Submit (caller's thread): plan chunks -> open the data files (O_DIRECT ones preallocated
+//   to their planned extent: io::File::allocate, format::PlannedFileEnds) -> lease staging ->
+//   device copies (the caller and the copy crew, copy_crew.h) -> one message per chunk into
+//   the graph
 //
 //   graph (graph.h): encode (unlimited) -> sequencer by chunk id -> place (serial:
 //     format::DataFilePlacer; small chunks share packed writes)

@@ -477,7 +477,7 @@ bool SaveGraph::Impl::CommitFiles(SaveJob& save) {
                         .wall_time = save.metadata.wall_time};
   for (uint32_t i = 0; i < save.files.size(); ++i) {
     request.data_files.push_back(
-        {std::move(save.files[i]), save.placer->logical_end(i), save.placer->written_end(i)});
+        {std::move(save.files[i]), save.placer->logical_end(i), save.FileBytes(i)});
   }
   save.files.clear();
   CommitResult result = CommitCheckpoint(*fs_, *manager_, std::move(request));
@@ -540,7 +540,7 @@ bool SaveGraph::Impl::CommitShardFiles(SaveJob& save) {
     request.part = std::move(part).value();
     for (uint32_t i = 0; i < save.files.size(); ++i) {
       request.data_files.push_back(
-          {std::move(save.files[i]), save.placer->logical_end(i), save.placer->written_end(i)});
+          {std::move(save.files[i]), save.placer->logical_end(i), save.FileBytes(i)});
     }
     save.files.clear();
     result = CommitShard(*fs_, *manager_, std::move(request),

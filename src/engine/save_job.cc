@@ -1,5 +1,7 @@
 #include "src/engine/save_job.h"
 
+#include <algorithm>
+
 namespace asyncckpt {
 
 void SaveJob::Fail(const Status& why) {
@@ -36,6 +38,11 @@ void SaveJob::MaybeLowerLevel(uint64_t every, bool encoders_bottleneck) {
   } else {
     store_raw_ = true;
   }
+}
+
+uint64_t SaveJob::FileBytes(uint32_t file) const {
+  const uint64_t written = placer ? placer->written_end(file) : 0;
+  return std::max(written, file < allocated.size() ? allocated[file] : 0);
 }
 
 SaveStats SaveJob::Stats() const {

@@ -53,6 +53,8 @@ struct SaveJob {
   std::vector<format::ChunkEntry> entries;
   /// The open data files, by index.
   std::vector<std::unique_ptr<io::File>> files;
+  /// Bytes preallocated in each data file (its size until the commit trims it), by index.
+  std::vector<uint64_t> allocated;
   /// Placement of the chunks (place node only).
   std::optional<format::DataFilePlacer> placer;
   /// The open pack of each data file (place node only): placed chunks are copied in.
@@ -94,6 +96,9 @@ struct SaveJob {
   void SetLevel(int level);
   /// The save's report (status, sizes, codecs, levels, times so far).
   SaveStats Stats() const;
+  /// How long data file `file` is before the commit trims it: what was written, padding
+  /// included, or its preallocation where that is longer. After the last chunk was placed.
+  uint64_t FileBytes(uint32_t file) const;
 
  private:
   mutable std::mutex mu_;

@@ -51,4 +51,24 @@ std::vector<WriteExtent> DataFilePlacer::Finish() {
   return packs;
 }
 
+std::vector<uint64_t> PlannedFileEnds(uint32_t num_files, uint64_t alignment,
+                                      uint64_t pack_threshold, std::span<const PlannedChunk> chunks,
+                                      bool exact) {
+  DataFilePlacer placer(num_files, alignment, pack_threshold);
+  std::vector<uint64_t> ends(placer.num_files(), 0);
+  if (!exact) {
+    const uint64_t align = std::max<uint64_t>(1, alignment);
+    for (const PlannedChunk& chunk : chunks) {
+      if (chunk.file < ends.size()) ends[chunk.file] += (chunk.bytes + align - 1) / align * align;
+    }
+    return ends;
+  }
+  for (const PlannedChunk& chunk : chunks) {
+    if (chunk.bytes > 0 && chunk.file < ends.size()) (void)placer.Place(chunk.file, chunk.bytes);
+  }
+  (void)placer.Finish();
+  for (uint32_t file = 0; file < placer.num_files(); ++file) ends[file] = placer.written_end(file);
+  return ends;
+}
+
 }  // namespace asyncckpt::format

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <vector>
 
 namespace asyncckpt::format {
@@ -92,5 +93,25 @@ class DataFilePlacer {
   const uint64_t pack_threshold_;
   std::vector<FileCursor> files_;
 };
+
+/// A chunk as a save knows it before encoding: its data file and its bytes.
+struct PlannedChunk {
+  /// The data file.
+  uint32_t file = 0;
+  /// Its stored bytes when known (a raw save), else its raw bytes, which bound them (a chunk
+  /// that does not shrink is stored raw).
+  uint64_t bytes = 0;
+};
+
+/// How far each of `num_files` data files will reach, padding included (what
+/// DataFilePlacer::written_end gives after Finish), once `chunks` are placed in this order with
+/// `alignment` and `pack_threshold`: the extent to preallocate. With `exact`, each chunk is
+/// stored with exactly its bytes and the result is the placer's. Otherwise each is stored with
+/// at most its bytes, and the result bounds every such placement: each chunk counts as if
+/// written alone, padded to the alignment, which no pack exceeds (a pack's padding is at most
+/// its members' own).
+std::vector<uint64_t> PlannedFileEnds(uint32_t num_files, uint64_t alignment,
+                                      uint64_t pack_threshold, std::span<const PlannedChunk> chunks,
+                                      bool exact);
 
 }  // namespace asyncckpt::format

@@ -94,5 +94,68 @@ TEST(DataFilePlacerTest, TheSameSizesGiveTheSamePlacement) {
   EXPECT_EQ(place_all(), place_all());
 }
 
+// Sizes a save might have: tiny (packed), near the pack threshold, and large (direct).
+std::vector<PlannedChunk> MixedChunks(uint32_t files, size_t count) {
+  std::vector<PlannedChunk> chunks;
+  for (uint64_t i = 0; i < count; ++i) {
+    const uint64_t kind = (i * 2654435761u) % 3;
+    const uint64_t bytes = kind == 0   ? 1 + (i * 7919) % 5000
+                           : kind == 1 ? kPackThreshold - 4096 + (i * 104729) % 8192
+                                       : (4 << 20) - (i * 31) % 4096;
+    chunks.push_back({static_cast<uint32_t>(i % files), bytes});
+  }
+  return chunks;
+}
+
+std::vector<uint64_t> PlaceAll(uint32_t files, uint64_t alignment,
+                               const std::vector<PlannedChunk>& chunks) {
+  DataFilePlacer placer(files, alignment);
+  for (const PlannedChunk& chunk : chunks) (void)placer.Place(chunk.file, chunk.bytes);
+  (void)placer.Finish();
+  std::vector<uint64_t> ends;
+  for (uint32_t file = 0; file < files; ++file) ends.push_back(placer.written_end(file));
+  return ends;
+}
+
+TEST(PlannedFileEndsTest, ExactPlanIsWhatThePlacerWrites) {
+  for (uint64_t alignment : {uint64_t{1}, kDirectAlignment}) {
+    const std::vector<PlannedChunk> chunks = MixedChunks(2, 3000);
+    EXPECT_EQ(PlannedFileEnds(2, alignment, kPackThreshold, chunks, true),
+              PlaceAll(2, alignment, chunks))
+        << alignment;
+  }
+}
+
+TEST(PlannedFileEndsTest, BoundCoversEveryPlacementOfChunksThatShrank) {
+  const std::vector<PlannedChunk> raw = MixedChunks(3, 3000);
+  const std::vector<uint64_t> bound =
+      PlannedFileEnds(3, kDirectAlignment, kPackThreshold, raw, false);
+  EXPECT_GE(bound, PlannedFileEnds(3, kDirectAlignment, kPackThreshold, raw, true));
+  for (uint64_t seed = 1; seed <= 50; ++seed) {
+    // Each chunk keeps between 1 byte and all of its bytes, as compression may leave it; many
+    // large chunks drop below the pack threshold and are packed instead.
+    std::vector<PlannedChunk> stored = raw;
+    uint64_t state = seed * 0x9E3779B97F4A7C15ull;
+    for (PlannedChunk& chunk : stored) {
+      state ^= state << 13;
+      state ^= state >> 7;
+      state ^= state << 17;
+      chunk.bytes = 1 + state % chunk.bytes;
+    }
+    const std::vector<uint64_t> placed = PlaceAll(3, kDirectAlignment, stored);
+    for (uint32_t file = 0; file < 3; ++file) {
+      EXPECT_LE(placed[file], bound[file]) << "seed " << seed << ", file " << file;
+    }
+  }
+}
+
+TEST(PlannedFileEndsTest, FilesWithoutChunksReachNothing) {
+  const std::vector<PlannedChunk> chunks = {{0, 10}, {2, kPackThreshold}};
+  EXPECT_EQ(PlannedFileEnds(3, kDirectAlignment, kPackThreshold, chunks, true),
+            (std::vector<uint64_t>{kDirectAlignment, 0, kPackThreshold}));
+  EXPECT_EQ(PlannedFileEnds(3, 1, kPackThreshold, chunks, false),
+            (std::vector<uint64_t>{10, 0, kPackThreshold}));
+}
+
 }  // namespace
 }  // namespace asyncckpt::format

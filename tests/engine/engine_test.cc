@@ -19,7 +19,9 @@
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/reader.h"
 #include "asyncckpt/state.h"
+#include "io/fault_injection_file_system.h"
 #include "src/engine/graph.h"
+#include "src/format/placement.h"
 #include "src/staging/staging_pool.h"
 #include "tests/device/flaky_device.h"
 #include "tests/io/gated_file_system.h"
@@ -626,6 +628,155 @@ TEST_F(EngineTest, SmallChunksArePackedIntoFewWritesAndReadBack) {
   // Every chunk is far below the pack threshold: one packed write per data file.
   EXPECT_EQ(counting.submitted(), size_t{Options().num_data_files});
   EXPECT_GT(ChunksPerSave(), counting.submitted());
+}
+
+// Preallocation (EngineOptions::use_o_direct): each data file is allocated to its planned
+// extent before the first write, and trimmed to its chunks at the commit.
+class PreallocationTest : public EngineTest {
+ protected:
+  void SetUp() override {
+    EngineTest::SetUp();
+    std::unique_ptr<io::File> probe;
+    const io::OpenOptions direct{.write = true, .create = true, .direct = true};
+    ASSERT_TRUE(posix_->open(dir_ + "/probe", direct, &probe).ok());
+    const bool is_direct = probe->is_direct();
+    const io::IoStatus allocated = probe->allocate(0, 4096);
+    probe.reset();
+    fs::remove(dir_ + "/probe");
+    if (!is_direct) GTEST_SKIP() << dir_ << " does not take O_DIRECT";
+    if (!allocated.ok()) GTEST_SKIP() << "no fallocate here: " << allocated.message();
+  }
+  EngineOptions DirectOptions(CompressionKind kind) {
+    EngineOptions options = Options();
+    options.use_o_direct = true;
+    options.compression.kind = kind;
+    return options;
+  }
+  uint64_t DataBytesOnDisk(const std::string& checkpoint) {
+    uint64_t bytes = 0;
+    for (const auto& entry : fs::directory_iterator(checkpoint)) {
+      if (entry.path().filename().string().starts_with("data-")) bytes += entry.file_size();
+    }
+    return bytes;
+  }
+};
+
+TEST_F(PreallocationTest, RawDirectSaveIsTrimmedToItsChunksAndReadsBack) {
+  AddTensors();
+  ASSERT_TRUE(MakeEngine(DirectOptions(CompressionKind::kNone)).ok());
+  SetState(2);
+  ASSERT_TRUE(Submit(2).ok());
+  engine_->WaitAll();
+  ASSERT_EQ(Done().size(), 1u);
+  ASSERT_TRUE(Done()[0].status.ok()) << Done()[0].status.ToString();
+  ExpectHoldsStep(dir_ + "/model.ckpt-2", 2);
+  // Every chunk is packed, one pack per data file: the files hold the chunks and nothing more
+  // (not the allocation, which was padded to whole blocks).
+  EXPECT_EQ(DataBytesOnDisk(dir_ + "/model.ckpt-2"), Done()[0].bytes_stored);
+}
+
+TEST_F(PreallocationTest, EncodedSaveIsTrimmedFromItsBoundToItsLastChunk) {
+  // One data file: 256 KiB of zeros shrink to a small packed chunk, then 128 KiB of noise are
+  // stored raw as a direct chunk that ends on a block boundary, far below the bound allocated
+  // for the raw bytes.
+  std::vector<uint8_t> zeros(256 << 10, 0);
+  std::vector<uint8_t> noise(128 << 10);
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  for (uint8_t& byte : noise) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    byte = static_cast<uint8_t>(state >> 32);
+  }
+  ASSERT_TRUE(registry_
+                  .add({"a/zeros",
+                        DType::kU8,
+                        {int64_t(zeros.size())},
+                        zeros.data(),
+                        zeros.size(),
+                        nullptr,
+                        {},
+                        {}})
+                  .ok());
+  ASSERT_TRUE(registry_
+                  .add({"b/noise",
+                        DType::kU8,
+                        {int64_t(noise.size())},
+                        noise.data(),
+                        noise.size(),
+                        nullptr,
+                        {},
+                        {}})
+                  .ok());
+  EngineOptions options = DirectOptions(CompressionKind::kZstd);
+  options.num_data_files = 1;
+  options.chunk_bytes = 1 << 20;
+  options.staging_bytes = 0;
+  ASSERT_TRUE(MakeEngine(options).ok());
+  ASSERT_TRUE(Submit(6).ok());
+  engine_->WaitAll();
+  ASSERT_EQ(Done().size(), 1u);
+  ASSERT_TRUE(Done()[0].status.ok()) << Done()[0].status.ToString();
+  EXPECT_EQ(DataBytesOnDisk(dir_ + "/model.ckpt-6"), format::kDirectAlignment + noise.size());
+  auto reader = CheckpointReader::Open(dir_ + "/model.ckpt-6");
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  EXPECT_TRUE((*reader)->verify().problems.empty());
+  std::vector<uint8_t> back(noise.size());
+  ASSERT_TRUE((*reader)->read("b/noise", back.data(), back.size()).ok());
+  EXPECT_EQ(back, noise);
+}
+
+TEST_F(PreallocationTest, RawDirectSaveWithoutSpaceFailsCleanlyAndKeepsEarlierOnes) {
+  AddTensors();
+  io::FaultInjectionFileSystem faults(posix_.get());
+  ASSERT_TRUE(MakeEngine(DirectOptions(CompressionKind::kNone), &faults).ok());
+  SetState(1);
+  ASSERT_TRUE(Submit(1).ok());
+  engine_->WaitAll();
+  faults.fail_ops_matching("data-", ENOSPC, io::FaultOp::kAllocate);
+  SetState(2);
+  ASSERT_TRUE(Submit(2).ok());
+  engine_->WaitAll();
+  const std::vector<SaveStats> done = Done();
+  ASSERT_EQ(done.size(), 2u);
+  EXPECT_TRUE(done[0].status.ok()) << done[0].status.ToString();
+  const Status& failed = done[1].status;
+  EXPECT_EQ(failed.code(), StatusCode::kIOError) << failed.ToString();
+  for (const char* part : {"model.ckpt-2", "allocate", "data-0000", "No space left on device"}) {
+    EXPECT_NE(failed.message().find(part), std::string::npos) << part << ": " << failed.ToString();
+  }
+  EXPECT_GT(faults.injected_count(), 0u);
+  EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "model.ckpt-1"}));
+  ExpectHoldsStep(dir_ + "/model.ckpt-1", 1);
+}
+
+TEST_F(PreallocationTest, EncodedSaveGoesOnWhenItsBoundCannotBeAllocated) {
+  // An encoded save allocates a bound on its bytes; the bytes themselves may still fit.
+  AddTensors();
+  io::FaultInjectionFileSystem faults(posix_.get());
+  faults.fail_ops_matching("data-", ENOSPC, io::FaultOp::kAllocate);
+  ASSERT_TRUE(MakeEngine(DirectOptions(CompressionKind::kShuffleZstd), &faults).ok());
+  SetState(3);
+  ASSERT_TRUE(Submit(3).ok());
+  engine_->WaitAll();
+  ASSERT_EQ(Done().size(), 1u);
+  EXPECT_TRUE(Done()[0].status.ok()) << Done()[0].status.ToString();
+  EXPECT_GT(faults.injected_count(), 0u);
+  ExpectHoldsStep(dir_ + "/model.ckpt-3", 3);
+}
+
+TEST_F(PreallocationTest, AFileSystemWithoutAllocationStillSaves) {
+  AddTensors();
+  io::FaultInjectionFileSystem faults(posix_.get());
+  faults.fail_ops_matching("data-", EOPNOTSUPP, io::FaultOp::kAllocate);
+  ASSERT_TRUE(MakeEngine(DirectOptions(CompressionKind::kNone), &faults).ok());
+  SetState(4);
+  ASSERT_TRUE(Submit(4).ok());
+  engine_->WaitAll();
+  ASSERT_EQ(Done().size(), 1u);
+  EXPECT_TRUE(Done()[0].status.ok()) << Done()[0].status.ToString();
+  EXPECT_EQ(faults.injected_count(), 1u);  // the first file said so; the second was not asked
+  ExpectHoldsStep(dir_ + "/model.ckpt-4", 4);
 }
 
 TEST_F(EngineTest, EmptyRegistryCommitsAnEmptyCheckpoint) {

@@ -224,6 +224,28 @@ TEST_P(FaultInjectionFileSystemTest, ConcurrentOperationsAreCounted) {
   EXPECT_EQ(fs_->operation_count(), before + kThreads * (kWrites + kWrites / 50));
 }
 
+TEST_P(FaultInjectionFileSystemTest, AllocationIsDroppedByACrashUnlessSynced) {
+  auto kept = Create("kept");
+  auto lost = Create("lost");
+  for (File* file : {kept.get(), lost.get()}) {
+    IoStatus s = file->allocate(0, 8192);
+    if (s.error_number() == ENOTSUP) GTEST_SKIP() << "no fallocate here: " << s.message();
+    ASSERT_TRUE(s.ok()) << s.message();
+  }
+  ASSERT_TRUE(kept->sync().ok());
+  fs_->fail_ops_matching("lost", ENOSPC, FaultOp::kAllocate);
+  IoStatus s = lost->allocate(0, 1 << 20);
+  EXPECT_EQ(s.error_number(), ENOSPC);
+  EXPECT_NE(s.message().find("allocate " + Path("lost") + " at offset 0"), std::string::npos)
+      << s.message();
+  EXPECT_EQ(SizeOf("lost"), 8192u);  // the failed call reserved nothing
+  kept.reset();
+  lost.reset();
+  ASSERT_TRUE(fs_->drop_unsynced_data().ok());
+  EXPECT_EQ(SizeOf("kept"), 8192u);
+  EXPECT_FALSE(Exists("lost"));
+}
+
 TEST_P(FaultInjectionFileSystemTest, EveryKindOfOperationASaveUsesIsCountedAndCanFail) {
   auto file = Create("f");
   ASSERT_TRUE(file->write_at(0, "0123456789", 10).ok());
@@ -242,6 +264,7 @@ TEST_P(FaultInjectionFileSystemTest, EveryKindOfOperationASaveUsesIsCountedAndCa
       {"read_batch", [&] { return fs_->read_batch(reads); }},
       {"sync", [&] { return file->sync(); }},
       {"truncate", [&] { return file->truncate(10); }},
+      {"allocate", [&] { return file->allocate(0, 1 << 20); }},
       {"create_dir", [&] { return fs_->create_dir(Path("d2")); }},
       {"create_dirs", [&] { return fs_->create_dirs(Path("d3/e")); }},
       {"rename", [&] { return fs_->rename(Path("d"), Path("d4")); }},

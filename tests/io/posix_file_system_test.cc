@@ -220,6 +220,43 @@ TEST_P(FileSystemTest, TruncateSetsSize) {
   EXPECT_EQ(size, 1234u);
 }
 
+TEST_P(FileSystemTest, AllocateSetsTheSizeKeepsTheDataAndReadsZerosBeyondIt) {
+  auto file = OpenForWrite(Path("allocated"));
+  std::vector<char> data = Pattern(5000, 4);
+  ASSERT_TRUE(file->write_at(0, data.data(), data.size()).ok());
+  IoStatus s = file->allocate(0, 1 << 20);
+  if (s.error_number() == ENOTSUP) GTEST_SKIP() << "no fallocate here: " << s.message();
+  ASSERT_TRUE(s.ok()) << s.message();
+  uint64_t size = 0;
+  ASSERT_TRUE(file->size(&size).ok());
+  EXPECT_EQ(size, uint64_t{1} << 20);
+  // A range inside the file changes nothing; a write inside the allocation does not extend it.
+  ASSERT_TRUE(file->allocate(4096, 4096).ok());
+  ASSERT_TRUE(file->write_at(8192, data.data(), data.size()).ok());
+  ASSERT_TRUE(file->size(&size).ok());
+  EXPECT_EQ(size, uint64_t{1} << 20);
+  std::vector<char> back(8192 + data.size());
+  ASSERT_TRUE(file->read_at(0, back.data(), back.size()).ok());
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), back.begin()));
+  EXPECT_TRUE(std::all_of(back.begin() + 5000, back.begin() + 8192, [](char c) { return c == 0; }));
+  EXPECT_TRUE(std::equal(data.begin(), data.end(), back.begin() + 8192));
+  EXPECT_TRUE(file->allocate(0, 0).ok());
+}
+
+TEST_P(FileSystemTest, AllocateBeyondWhatTheFileSystemHoldsFailsNamingPathAndOffset) {
+  auto file = OpenForWrite(Path("huge"));
+  const uint64_t exabyte = uint64_t{1} << 60;
+  IoStatus s = file->allocate(4096, exabyte);
+  if (s.error_number() == ENOTSUP) GTEST_SKIP() << "no fallocate here: " << s.message();
+  // ext4 and XFS answer ENOSPC or EFBIG (past the largest file); either names the file.
+  EXPECT_TRUE(s.error_number() == ENOSPC || s.error_number() == EFBIG) << s.message();
+  EXPECT_NE(s.message().find("allocate " + Path("huge") + " at offset 4096"), std::string::npos)
+      << s.message();
+  uint64_t size = 1;
+  ASSERT_TRUE(file->size(&size).ok());
+  EXPECT_EQ(size, 0u);
+}
+
 TEST_P(FileSystemTest, DirectIoRoundTripsAlignedBuffers) {
   std::string path = Path("direct");
   std::unique_ptr<File> file;
