@@ -9,6 +9,7 @@
 #include <mpi.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -20,7 +21,9 @@
 
 #include "asyncckpt/mpi_coordinator.h"
 #include "asyncckpt/saver_hook.h"
+#include "asyncckpt/state.h"
 #include "asyncckpt/timer.h"
+#include "io/fault_injection_file_system.h"
 #include "src/format/format.h"
 
 namespace asyncckpt {
@@ -306,6 +309,59 @@ TEST_P(SaverMpiTest, RankZeroAloneRemovesStaleTemporariesBeforeAnyRankWrites) {
   EXPECT_EQ(totals.stale_temporaries_removed.size(), rank_ == 0 ? 1u : 0u);
   ASSERT_TRUE((*hook)->after_create_session(0).ok());
   ASSERT_TRUE((*hook)->end(0).ok());
+}
+
+TEST_P(SaverMpiTest, OneRankFailingItsWritesCommitsNothingAndEveryRankNamesIt) {
+  // Step 0 commits on every rank; then the last rank's data-file writes fail with ENOSPC, so the
+  // save of step 5 must commit nowhere, fail on every rank naming the last rank, and leave step
+  // 0 the latest.
+  const int last = coordinator_->size() - 1;
+  std::vector<float> w(8, static_cast<float>(rank_));
+  TensorRegistry registry;
+  ASSERT_TRUE(
+      registry
+          .add(Ref("w", DType::kF32, {8}, w.data(), 32, {8 * coordinator_->size()}, {8 * rank_}))
+          .ok());
+  std::unique_ptr<io::FileSystem> posix = io::NewPosixFileSystem();
+  io::FaultInjectionFileSystem faulty(posix.get());
+  SaverOptions options = Options();
+  options.save_steps = 1000;
+  options.coordination_timeout_secs = 60;
+  options.file_system = rank_ == last ? static_cast<io::FileSystem*>(&faulty) : posix.get();
+  {
+    Recorder recorder;
+    Result<std::unique_ptr<SessionRunHook>> hook = MakeHook(options, &registry, &recorder);
+    ASSERT_TRUE(hook.ok()) << hook.status().ToString();
+    ASSERT_TRUE((*hook)->begin().ok());
+    ASSERT_TRUE((*hook)->after_create_session(0).ok());
+    ASSERT_TRUE((*hook)->end(0).ok());
+  }
+  if (rank_ == last) faulty.fail_ops_matching("data-", ENOSPC, io::FaultOp::kWrite);
+  Recorder recorder;
+  Result<std::unique_ptr<SessionRunHook>> hook = MakeHook(options, &registry, &recorder);
+  ASSERT_TRUE(hook.ok()) << hook.status().ToString();
+  ASSERT_TRUE((*hook)->begin().ok());
+  const auto start = std::chrono::steady_clock::now();
+  (void)(*hook)->after_create_session(5);  // the failure may surface here or at end()
+  (void)(*hook)->end(5);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  SaverTotals totals = GetParam() ? static_cast<AsyncCheckpointSaverHook&>(**hook).totals()
+                                  : static_cast<CheckpointSaverHook&>(**hook).totals();
+  if (rank_ == last) {
+    EXPECT_GT(faulty.injected_count(), 0u);
+  }
+  ASSERT_FALSE(totals.saves.empty());
+  for (const SaveStats& stats : totals.saves) {
+    EXPECT_FALSE(stats.status.ok()) << "step " << stats.step << " committed";
+    EXPECT_EQ(stats.failed_rank, last) << stats.status.ToString();
+    EXPECT_THAT(stats.status.message(), HasSubstr("No space left on device"));
+  }
+  EXPECT_LT(took, 60.0) << "a failed rank reports at once; nobody waits for the timeout";
+  Result<std::string> latest = LatestCheckpoint(options.checkpoint_dir);
+  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  EXPECT_EQ(*latest, options.checkpoint_dir + "/model.ckpt-0");
+  EXPECT_FALSE(fs::exists(options.checkpoint_dir + "/model.ckpt-5"));
 }
 
 INSTANTIATE_TEST_SUITE_P(SyncAndAsync, SaverMpiTest, ::testing::Bool(),
