@@ -13,6 +13,7 @@
 
 #include "asyncckpt/mpi_coordinator.h"
 #include "src/saver/coordination.h"
+#include "tests/support/tensor_ref.h"
 
 namespace asyncckpt {
 namespace {
@@ -20,20 +21,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// A TensorRef built field by field (GCC warns about designated initialisers that leave fields
-// out).
-TensorRef Ref(std::string name, DType dtype, std::vector<int64_t> shape, void* data, size_t bytes,
-              std::vector<int64_t> global_shape = {}, std::vector<int64_t> global_offset = {}) {
-  TensorRef t;
-  t.name = std::move(name);
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  t.data = data;
-  t.bytes = bytes;
-  t.global_shape = std::move(global_shape);
-  t.global_offset = std::move(global_offset);
-  return t;
-}
+using testing_support::Ref;
 
 class MpiCoordinatorTest : public ::testing::Test {
  protected:

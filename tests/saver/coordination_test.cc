@@ -13,6 +13,7 @@
 
 #include "asyncckpt/coordinator.h"
 #include "asyncckpt/saver_hook.h"
+#include "tests/support/tensor_ref.h"
 
 namespace asyncckpt {
 namespace {
@@ -21,20 +22,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 
-// A TensorRef built field by field (GCC warns about designated initialisers that leave fields
-// out).
-TensorRef Ref(std::string name, DType dtype, std::vector<int64_t> shape, void* data, size_t bytes,
-              std::vector<int64_t> global_shape = {}, std::vector<int64_t> global_offset = {}) {
-  TensorRef t;
-  t.name = std::move(name);
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  t.data = data;
-  t.bytes = bytes;
-  t.global_shape = std::move(global_shape);
-  t.global_offset = std::move(global_offset);
-  return t;
-}
+using testing_support::Ref;
 
 TensorPlacement Whole(std::string name, std::vector<int64_t> shape, DType dtype = DType::kF32) {
   return {.name = std::move(name),

@@ -25,6 +25,7 @@
 #include "asyncckpt/timer.h"
 #include "io/fault_injection_file_system.h"
 #include "src/format/format.h"
+#include "tests/support/tensor_ref.h"
 
 namespace asyncckpt {
 namespace {
@@ -32,20 +33,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-// A TensorRef built field by field (GCC warns about designated initialisers that leave fields
-// out).
-TensorRef Ref(std::string name, DType dtype, std::vector<int64_t> shape, void* data, size_t bytes,
-              std::vector<int64_t> global_shape = {}, std::vector<int64_t> global_offset = {}) {
-  TensorRef t;
-  t.name = std::move(name);
-  t.dtype = dtype;
-  t.shape = std::move(shape);
-  t.data = data;
-  t.bytes = bytes;
-  t.global_shape = std::move(global_shape);
-  t.global_offset = std::move(global_offset);
-  return t;
-}
+using testing_support::Ref;
 
 // Returns the hook a Create() made, as a SessionRunHook, or its error.
 #define ASSIGN_OR_RETURN_HOOK(expr)                                       \
