@@ -199,6 +199,19 @@ ShardCommitResult Share::Lead(CheckpointManager& manager, const MergeShardPartsF
   for (uint32_t r = 1; r < world; ++r) {
     const io::IoStatus claimed = fs_.rename(Path(ShardPartFileName(r)), Path(ClaimedFileName(r)));
     if (claimed.error_number() == ENOENT) {
+      // A rank withdraws its part before it writes why (failed-<r>): wait a moment for the
+      // reason, so that every rank reports the failing rank's own error.
+      Poller reason(std::min(1.0, request_.timeout_seconds));
+      const std::string failed = Path(ShardFailedFileName(r));
+      for (Result<bool> told = Exists(fs_, failed); !(told.ok() && *told) && !reason.Expired();
+           told = Exists(fs_, failed)) {
+        reason.Sleep();
+      }
+      Result<bool> told = Exists(fs_, failed);
+      if (told.ok() && *told) {
+        return Abort(static_cast<int>(r), Status::Aborted("rank " + std::to_string(r) +
+                                                          " failed: " + ReadText(fs_, failed)));
+      }
       return Abort(static_cast<int>(r),
                    Status::Aborted("rank " + std::to_string(r) +
                                    " withdrew its part (it gave up waiting for rank 0)"));
@@ -334,6 +347,26 @@ Status ValidateJobToken(std::string_view token) {
   return Status::OK();
 }
 
+namespace {
+
+// After a failed publish: whether rank 0 may already hold this rank's part. A part that became
+// visible (the rename happened, the directory sync after it failed) is withdrawn if it is still
+// there, so that rank 0 cannot commit it while this rank reports a failure; one rank 0 has
+// claimed already (or a directory already committed) leaves the outcome to rank 0, as for every
+// other rank, so that the ranks never disagree (found by the fault sweep under load).
+bool PartMayBeRankZeros(io::FileSystem& fs, const std::string& tmp_path, uint32_t rank) {
+  const std::string part = JoinCheckpointPath(tmp_path, ShardPartFileName(rank));
+  Result<bool> visible = Exists(fs, part);
+  if (visible.ok() && *visible) return !fs.remove_file(part).ok();
+  Result<bool> claimed =
+      Exists(fs, JoinCheckpointPath(tmp_path, kClaimedPrefix + RankDigits(rank)));
+  if (claimed.ok() && *claimed) return true;
+  Result<bool> pending = Exists(fs, tmp_path);
+  return pending.ok() && !*pending;
+}
+
+}  // namespace
+
 ShardCommitResult CommitShard(io::FileSystem& fs, CheckpointManager& manager,
                               ShardCommitRequest request, const MergeShardPartsFn& merge) {
   const std::string final_name = request.final_name;
@@ -345,9 +378,11 @@ ShardCommitResult CommitShard(io::FileSystem& fs, CheckpointManager& manager,
     const std::string tmp_path = JoinCheckpointPath(request.checkpoint_dir, request.tmp_name);
     const Status published =
         WriteWhole(fs, tmp_path, ShardPartFileName(request.rank), request.part, true);
-    if (!published.ok()) {
+    if (!published.ok() && !PartMayBeRankZeros(fs, tmp_path, request.rank)) {
       return FailShard(fs, std::move(request), published.WithContext(final_name));
     }
+    // Published, or published but not synced (the directory sync after the rename failed) and
+    // already claimed by rank 0, whose commit syncs the directory again: rank 0 decides.
     return share.Follow();
   });
   return result;
