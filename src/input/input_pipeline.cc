@@ -371,10 +371,10 @@ Result<std::unique_ptr<CheckpointInputPipelineHook>> CheckpointInputPipelineHook
       options.num_workers = size;
       options.task_id = rank;
     } else if (options.num_workers != size || options.task_id != rank) {
-      return Status::InvalidArgument(
-          "num_workers " + std::to_string(options.num_workers) + " and task_id " +
-          std::to_string(options.task_id) + " disagree with the coordinator's " +
-          std::to_string(size) + " processes and rank " + std::to_string(rank));
+      return Status::InvalidArgument("num_workers " + std::to_string(options.num_workers) +
+                                     " and task_id " + std::to_string(options.task_id) +
+                                     " disagree with the coordinator's " + std::to_string(size) +
+                                     " processes and rank " + std::to_string(rank));
     }
   }
   if (options.num_workers < 1 || options.task_id < 0 || options.task_id >= options.num_workers) {

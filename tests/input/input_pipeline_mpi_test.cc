@@ -2,11 +2,10 @@
 // worker's input checkpoints are its own (input_worker_<rank>.ckpt), and under save_secs every
 // worker saves the steps rank 0's clock chooses, whatever its own clock says.
 
-#include <mpi.h>
-#include <stdlib.h>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <mpi.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <filesystem>
