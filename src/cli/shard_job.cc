@@ -338,7 +338,9 @@ Result<int64_t> ShardedSessionCreator::create_session() {
     }
     any_found = any_found || bytes[1] != 0;
     std::vector<int64_t> list((bytes.size() - 2) / sizeof(int64_t));
-    std::memcpy(list.data(), bytes.data() + 2, list.size() * sizeof(int64_t));
+    if (!list.empty()) {  // an empty vector's data() may be null, which memcpy must not get
+      std::memcpy(list.data(), bytes.data() + 2, list.size() * sizeof(int64_t));
+    }
     lists.push_back(std::move(list));
   }
   const std::vector<int64_t> common = CommonSteps(lists);
