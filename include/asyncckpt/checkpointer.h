@@ -9,6 +9,7 @@
 
 #include "asyncckpt/reader.h"
 #include "asyncckpt/saver_hook.h"
+#include "asyncckpt/saver_options.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/tensor.h"
 
@@ -35,9 +36,9 @@ class Checkpointer {
  public:
   /// Validates the options (InvalidArgument naming the field), creates checkpoint_dir, removes
   /// temporaries of interrupted saves, and recovers the retained list from the state file.
-  /// `asynchronous` picks the engine (true) or the synchronous writer (false).
+  /// `mode` says whether a save returns once staged (the default) or once committed.
   static Result<std::unique_ptr<Checkpointer>> Create(SaverOptions options,
-                                                      bool asynchronous = true);
+                                                      SaveMode mode = SaveMode::kAsynchronous);
   /// Waits for the saves in flight; their failures are dropped (close() reports them).
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;

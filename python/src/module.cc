@@ -336,7 +336,8 @@ std::unique_ptr<PyCheckpointer> MakeCheckpointer(
   Result<std::unique_ptr<Checkpointer>> made = Status::Internal("not created");
   {
     py::gil_scoped_release release;
-    made = Checkpointer::Create(std::move(options), asynchronous);
+    made = Checkpointer::Create(std::move(options),
+                                asynchronous ? SaveMode::kAsynchronous : SaveMode::kSynchronous);
   }
   return std::make_unique<PyCheckpointer>(Take(std::move(made)));
 }

@@ -26,16 +26,6 @@ namespace {
 // io_uring refuses fixed buffers larger than 1 GiB each.
 constexpr uint64_t kMaxRegisteredBuffer = 1ull << 30;
 
-std::vector<format::HostTensor> Describe(const TensorRegistry& registry) {
-  std::vector<format::HostTensor> tensors;
-  tensors.reserve(registry.size());
-  for (const TensorRef& ref : registry.tensors()) {
-    // The data pointer may be device memory: it is only checked for null, never read here.
-    tensors.push_back(format::HostTensor{ref.name, ref.dtype, ref.shape, ref.data, ref.bytes});
-  }
-  return tensors;
-}
-
 Status ValidateSharding(const EngineOptions& options) {
   const ShardingOptions& sharding = options.sharding;
   if (sharding.world_size == 0 || sharding.rank >= sharding.world_size) {
@@ -107,14 +97,14 @@ class Engine::Impl {
     return Status::OK();
   }
 
-  Result<SubmitResult> Submit(const SubmitRequest& request);
+  Result<SubmitResult> Submit(SubmitRequest request);
   void WaitAll() { graph_->WaitAll(); }
   int64_t in_flight() const { return graph_->in_flight(); }
   StagingPool& pool() { return pool_; }
 
  private:
   void RegisterStaging();
-  SavePtr NewSave(const CheckpointMetadata& metadata);
+  SavePtr NewSave(const CheckpointMetadata& metadata, SnapshotPlan plan);
   Status OpenFiles(SaveJob& save);
   Status Preallocate(SaveJob& save, uint64_t alignment);
   bool Busy(const SaveJob& save) const;
@@ -166,15 +156,15 @@ std::string Engine::Impl::SharedTempDir(int64_t step, const std::string& final_n
   return ShardedTempDirName(final_name, token);
 }
 
-SavePtr Engine::Impl::NewSave(const CheckpointMetadata& metadata) {
+SavePtr Engine::Impl::NewSave(const CheckpointMetadata& metadata, SnapshotPlan plan) {
   auto save = std::make_shared<SaveJob>();
   save->metadata = metadata;
   save->final_name = format::CheckpointDirName(options_.basename, metadata.step);
   // Sharded: named by Submit once the save is certain (SharedTempDir).
   if (!sharded()) SetTempDir(*save, TempDirName(save->final_name));
   save->SetLevel(options_.compression.level);
-  save->tensors = Describe(*registry_);
-  save->jobs = format::PlanChunks(save->tensors, options_.chunk_bytes, options_.num_data_files);
+  save->tensors = std::move(plan.tensors);
+  save->jobs = std::move(plan.jobs);
   save->entries.resize(save->jobs.size());
   if (sharded()) {
     for (const TensorRef& ref : registry_->tensors()) {
@@ -259,15 +249,20 @@ bool Engine::Impl::Busy(const SaveJob& save) const {
   return pool_.in_use() + pool_.charged() + needed > pool_.budget();
 }
 
-Result<SubmitResult> Engine::Impl::Submit(const SubmitRequest& request) {
+Result<SubmitResult> Engine::Impl::Submit(SubmitRequest request) {
   const auto start = SteadyClock::now();
-  SavePtr save = NewSave(request.metadata);
-  save->start = start;
+  const std::string name = format::CheckpointDirName(options_.basename, request.metadata.step);
   // Checked before anything is copied or written: a name or rank the index cannot hold would
   // otherwise fail only at the commit, after every byte was written.
-  RETURN_IF_ERROR(format::ValidateTensors(save->tensors).WithContext(save->final_name));
-  RETURN_IF_ERROR(format::ValidateMetadata(request.metadata).WithContext(save->final_name));
-  if (!sharded()) RETURN_IF_ERROR(CheckWholeTensors(*registry_).WithContext(save->final_name));
+  RETURN_IF_ERROR(format::ValidateMetadata(request.metadata).WithContext(name));
+  SnapshotPlan plan;
+  if (request.plan) {
+    plan = std::move(*request.plan);
+  } else {
+    ASSIGN_OR_RETURN(plan, PlanSnapshot(*registry_, options_, name));
+  }
+  SavePtr save = NewSave(request.metadata, std::move(plan));
+  save->start = start;
   // A rank that skipped a save the others take would fail that save on every rank (rank 0
   // waits for its part until the timeout): sharded saves are never skipped.
   const bool skip_if_busy = request.skip_if_busy && !sharded();
@@ -357,13 +352,39 @@ void Engine::Impl::CopyWave(SaveJob& save, std::vector<ChunkPtr>& wave) {
   });
 }
 
-uint64_t SnapshotStagingBytes(const TensorRegistry& registry, const EngineOptions& options) {
-  uint64_t total = 0;
-  for (const auto& job :
-       format::PlanChunks(Describe(registry), options.chunk_bytes, options.num_data_files)) {
-    total += StagingPool::RoundUp(job.length);
+namespace {
+
+// Create sizes staging from a registry that only its saves check.
+SnapshotPlan Describe(const TensorRegistry& registry) {
+  SnapshotPlan plan;
+  plan.tensors.reserve(registry.size());
+  for (const TensorRef& ref : registry.tensors()) {
+    // The data pointer may be device memory: it is only checked for null, never read here.
+    plan.tensors.push_back(format::HostTensor{ref.name, ref.dtype, ref.shape, ref.data, ref.bytes});
   }
-  return total;
+  return plan;
+}
+
+void CutIntoChunks(const EngineOptions& options, SnapshotPlan& plan) {
+  plan.jobs = format::PlanChunks(plan.tensors, options.chunk_bytes, options.num_data_files);
+  for (const format::ChunkJob& job : plan.jobs) {
+    const uint64_t staged = StagingPool::RoundUp(job.length);
+    plan.staging_bytes += staged;
+    plan.largest_chunk_bytes = std::max(plan.largest_chunk_bytes, staged);
+  }
+}
+
+}  // namespace
+
+Result<SnapshotPlan> PlanSnapshot(const TensorRegistry& registry, const EngineOptions& options,
+                                  const std::string& context) {
+  SnapshotPlan plan = Describe(registry);
+  RETURN_IF_ERROR(format::ValidateTensors(plan.tensors).WithContext(context));
+  if (options.sharding.world_size <= 1) {
+    RETURN_IF_ERROR(CheckWholeTensors(registry).WithContext(context));
+  }
+  CutIntoChunks(options, plan);
+  return plan;
 }
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, io::FileSystem* fs,
@@ -381,17 +402,13 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, io:
       break;
     }
   }
-  uint64_t largest_chunk = 0;
-  for (const auto& job :
-       format::PlanChunks(Describe(*registry), options.chunk_bytes, options.num_data_files)) {
-    largest_chunk = std::max<uint64_t>(largest_chunk, StagingPool::RoundUp(job.length));
-  }
-  const uint64_t budget =
-      options.staging_bytes == 0 ? SnapshotStagingBytes(*registry, options) : options.staging_bytes;
-  if (budget < largest_chunk) {
-    return Status::InvalidArgument("staging_bytes " + std::to_string(options.staging_bytes) +
-                                   " is smaller than one chunk (" + std::to_string(largest_chunk) +
-                                   " bytes); raise it or lower chunk_bytes");
+  SnapshotPlan plan = Describe(*registry);
+  CutIntoChunks(options, plan);
+  const uint64_t budget = options.staging_bytes == 0 ? plan.staging_bytes : options.staging_bytes;
+  if (budget < plan.largest_chunk_bytes) {
+    return Status::InvalidArgument(
+        "staging_bytes " + std::to_string(options.staging_bytes) + " is smaller than one chunk (" +
+        std::to_string(plan.largest_chunk_bytes) + " bytes); raise it or lower chunk_bytes");
   }
   const unsigned threads = options.background_threads != 0
                                ? options.background_threads
@@ -405,7 +422,9 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, io:
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
-Result<SubmitResult> Engine::Submit(const SubmitRequest& request) { return impl_->Submit(request); }
+Result<SubmitResult> Engine::Submit(SubmitRequest request) {
+  return impl_->Submit(std::move(request));
+}
 void Engine::WaitAll() { impl_->WaitAll(); }
 int64_t Engine::in_flight() const { return impl_->in_flight(); }
 uint64_t Engine::staging_high_water() const { return impl_->pool().high_water(); }

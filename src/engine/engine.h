@@ -25,13 +25,16 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "asyncckpt/compression.h"
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/save_stats.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/tensor.h"
+#include "src/format/writer.h"
 #include "src/state/checkpoint_state.h"
 
 namespace asyncckpt {
@@ -106,6 +109,25 @@ enum class SubmitOutcome {
   kSkipped,
 };
 
+/// A snapshot's tensors described, validated and cut into chunks, once per save: PlanSnapshot
+/// makes it (a saver that must check the tensors before it commits to a save makes it first),
+/// Submit consumes it.
+struct SnapshotPlan {
+  /// The registry's tensors (data pointers may be device memory: never read through them).
+  std::vector<format::HostTensor> tensors;
+  /// PlanChunks' jobs; a job's position is its chunk id.
+  std::vector<format::ChunkJob> jobs;
+  /// Staging one whole snapshot takes (each chunk rounded to staging pages).
+  uint64_t staging_bytes = 0;
+  /// Staging the largest chunk takes.
+  uint64_t largest_chunk_bytes = 0;
+};
+
+/// Describes, validates (InvalidArgument naming the tensor, prefixed with `context`) and plans
+/// the tensors of `registry` for an engine with `options`. Reads no tensor data.
+Result<SnapshotPlan> PlanSnapshot(const TensorRegistry& registry, const EngineOptions& options,
+                                  const std::string& context);
+
 /// One save to submit.
 struct SubmitRequest {
   /// Its step, wall time and user metadata.
@@ -116,6 +138,9 @@ struct SubmitRequest {
   bool skip_if_busy = false;
   /// Runs once the save is certain, before the first copy (may be empty).
   std::function<void()> before_copy;
+  /// The registry's plan, when the caller made it (PlanSnapshot with this engine's options);
+  /// empty: Submit makes it.
+  std::optional<SnapshotPlan> plan;
 };
 
 /// What Submit did.
@@ -148,7 +173,7 @@ class Engine {
   /// the state may be modified again (copies done; in stream-ordered mode, copies enqueued).
   /// InvalidArgument (nothing written, no on_done) for tensors or metadata the format cannot
   /// hold; a failure after that is the save's, reported by on_done.
-  Result<SubmitResult> Submit(const SubmitRequest& request);
+  Result<SubmitResult> Submit(SubmitRequest request);
   /// Blocks until every submitted save is committed or failed and its on_done returned.
   void WaitAll();
   /// Saves submitted and not yet done.
@@ -166,9 +191,5 @@ class Engine {
   explicit Engine(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-/// The staging an engine with `options` needs for one whole snapshot of `registry` (what
-/// staging_bytes 0 gives).
-uint64_t SnapshotStagingBytes(const TensorRegistry& registry, const EngineOptions& options);
 
 }  // namespace asyncckpt

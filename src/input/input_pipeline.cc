@@ -5,16 +5,14 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <set>
 #include <string_view>
 #include <utility>
 
 #include "asyncckpt/reader.h"
 #include "asyncckpt/state.h"
-#include "src/engine/engine.h"
 #include "src/format/format.h"
-#include "src/saver/saver_common.h"
+#include "src/saver/saver_core.h"
 #include "src/util/io_status.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
@@ -106,6 +104,7 @@ SaverOptions AsSaverOptions(const InputPipelineOptions& options) {
   saver.save_secs = options.save_secs;
   saver.basename = InputCheckpointBasename(options);
   saver.max_to_keep = options.max_to_keep;
+  saver.on_error = options.on_error;
   saver.chunk_bytes = options.chunk_bytes;
   saver.num_data_files = 1;
   saver.compression = options.compression;
@@ -141,23 +140,13 @@ Result<std::optional<int64_t>> NewestCompleteStep(const std::string& dir,
 
 class CheckpointInputPipelineHook::Impl {
  public:
-  Impl(InputPipelineOptions options, SaveableIterator* iterator, SaveSchedule schedule)
+  Impl(InputPipelineOptions options, SaveableIterator* iterator, std::unique_ptr<SaverCore> core)
       : options_(std::move(options)),
-        saver_options_(AsSaverOptions(options_)),
         state_file_(InputStateFileName(options_)),
         iterator_(iterator),
-        schedule_(std::move(schedule)) {}
-  ~Impl() { engine_.reset(); }
+        core_(std::move(core)) {}
 
-  Status Begin() {
-    CheckpointPartner model;
-    if (!options_.model_basename.empty())
-      model = {options_.model_basename, kCheckpointStateFileName};
-    ASSIGN_OR_RETURN(std::vector<std::string> removed,
-                     storage_.Start(saver_options_, state_file_, model));
-    (void)removed;  // SaverStorage::Start already logged them
-    return Status::OK();
-  }
+  Status Begin() { return core_->StartStorage(); }
 
   // A new session (the first, or one re-created after a pre-emption) starts at `step`: the
   // next before_run restores the input of exactly that step, as the iterator has moved on.
@@ -172,7 +161,7 @@ class CheckpointInputPipelineHook::Impl {
     restore_done_ = true;
     restored_from_.clear();
     // A re-created session may start at a step whose save this hook still has in flight.
-    if (engine_) engine_->WaitAll();
+    core_->WaitAll();
     const bool moved = std::exchange(iterator_moved_, true);  // the steps consume it from here
     ASSIGN_OR_RETURN(std::string path, CheckpointToRestore());
     if (path.empty()) {
@@ -183,18 +172,18 @@ class CheckpointInputPipelineHook::Impl {
       // to train over them. A failure of this save stops the loop at the next after_run.
       if (!moved) {
         RETURN_IF_ERROR(Save(start_step_));
-        if (engine_) engine_->WaitAll();
+        core_->WaitAll();
         return Status::OK();
       }
       return Status::FailedPrecondition(
           "the re-created session starts at step " + std::to_string(start_step_) + " but " +
-          options_.checkpoint_dir + " has no input checkpoint " + StartName() +
+          core_->options().checkpoint_dir + " has no input checkpoint " + StartName() +
           " to restore, and the input iterator has moved past its initial state");
     }
     RETURN_IF_ERROR(Restore(path));
     restored_from_ = path;
-    schedule_.mark(start_step_);
-    schedule_.mark_saved(start_step_);
+    core_->schedule().mark(start_step_);
+    core_->schedule().mark_saved(start_step_);
     return Status::OK();
   }
 
@@ -202,19 +191,20 @@ class CheckpointInputPipelineHook::Impl {
   // at step 0). At a later step without one: FailedPrecondition, or the latest one when the
   // options ask for TensorFlow's behaviour.
   Result<std::string> CheckpointToRestore() {
-    const std::string exact = options_.checkpoint_dir + "/" + StartName();
+    const std::string& dir = core_->options().checkpoint_dir;
+    const std::string exact = dir + "/" + StartName();
     bool exists = false, is_dir = false;
-    RETURN_IF_ERROR(ToStatus(storage_.fs->stat(exact, &exists, &is_dir)));
+    RETURN_IF_ERROR(ToStatus(core_->fs()->stat(exact, &exists, &is_dir)));
     if (exists && is_dir) return exact;
     if (start_step_ == 0) return std::string();
     if (!options_.restore_latest_when_step_missing) {
       return Status::FailedPrecondition(
-          "the session starts at step " + std::to_string(start_step_) + " but " +
-          options_.checkpoint_dir + " has no input checkpoint " + StartName() +
+          "the session starts at step " + std::to_string(start_step_) + " but " + dir +
+          " has no input checkpoint " + StartName() +
           "; resuming the input from another step would pair the model with another input "
           "position (restore_latest_when_step_missing allows it)");
     }
-    auto latest = LatestCheckpoint(options_.checkpoint_dir, state_file_, storage_.fs);
+    auto latest = LatestCheckpoint(dir, state_file_, core_->fs());
     if (latest.status().code() == StatusCode::kNotFound) return std::string();
     RETURN_IF_ERROR(latest.status());
     LogLine("no input checkpoint for step " + std::to_string(start_step_) +
@@ -223,80 +213,73 @@ class CheckpointInputPipelineHook::Impl {
   }
 
   std::string StartName() const {
-    return format::CheckpointDirName(saver_options_.basename, start_step_);
+    return format::CheckpointDirName(core_->options().basename, start_step_);
   }
 
   Status Save(int64_t step) {
-    schedule_.mark(step);
-    schedule_.mark_saved(step);
-    if (iterator_->has_external_state()) {
-      const std::string why = "the input iterator depends on external state it cannot save";
-      if (options_.external_state_policy == ExternalStatePolicy::kFail) {
-        return Status::FailedPrecondition(why +
-                                          "; set external_state_policy to warn or ignore to "
-                                          "save it anyway");
-      }
-      if (options_.external_state_policy == ExternalStatePolicy::kWarn) {
-        LogLine("warning: " + why + "; its checkpoint will not resume exactly");
-      }
-    }
+    core_->schedule().mark(step);
+    core_->schedule().mark_saved(step);
+    RETURN_IF_ERROR(CheckExternalState());
     state_.clear();
     RETURN_IF_ERROR(iterator_->save(&state_).WithContext("saving the input iterator"));
     ASSIGN_OR_RETURN(registry_, state_.AsRegistry());
     RETURN_IF_ERROR(EnsureEngine());
-    CheckpointMetadata metadata{
-        step, options_.clock(), {{"model_step", std::to_string(step)}, {"kind", "input_pipeline"}}};
+    CheckpointMetadata metadata{step,
+                                core_->options().clock(),
+                                {{"model_step", std::to_string(step)}, {"kind", "input_pipeline"}}};
     // Never skipped: the input's position must not be lost.
-    SubmitRequest request;
+    CoreSaveRequest request;
     request.metadata = std::move(metadata);
-    return engine_->Submit(request).status();
+    return core_->Save(std::move(request)).status();
   }
 
-  Status Poll(RunContext* context) {
-    std::lock_guard lock(mu_);
-    if (!failure_.ok() && context != nullptr) context->request_stop();
+  Status Poll(RunContext& context) {
+    (void)core_->Deliver(&context);
     return Status::OK();
   }
 
   Status End(int64_t step) {
     Status status;
     if (!restore_done_) status = RestoreOrSaveInitial();
-    if (status.ok() && schedule_.final_save_needed(step)) status = Save(step);
-    Status saved = WaitUntilSaved();
-    storage_.ReleaseLock();  // the engine is idle: every save is durable or failed
-    return status.ok() ? saved : status;
+    if (status.ok() && core_->schedule().final_save_needed(step)) status = Save(step);
+    Status finished = core_->Finish(std::nullopt);
+    return status.ok() ? finished : status;
   }
 
-  Status WaitUntilSaved() {
-    if (engine_) engine_->WaitAll();
-    std::lock_guard lock(mu_);
-    return failure_;
-  }
+  Status WaitUntilSaved() { return core_->WaitUntilSaved(); }
 
   bool restore_done() const { return restore_done_; }
-  const SaveSchedule& schedule() const { return schedule_; }
   // Whether a save is due after `step` on every worker (agreed under save_secs with a
   // coordinator).
-  Result<bool> Due(int64_t step) { return schedule_.due_everywhere(step); }
+  Result<bool> Due(int64_t step) { return core_->schedule().due_everywhere(step); }
   const std::string& restored_from() const { return restored_from_; }
-  int64_t saves_committed() const {
-    std::lock_guard lock(mu_);
-    return committed_;
-  }
-  int64_t saves_failed() const {
-    std::lock_guard lock(mu_);
-    return failed_;
-  }
+  int64_t saves_committed() const { return core_->totals().saves_committed; }
+  int64_t saves_failed() const { return core_->totals().saves_failed; }
 
  private:
+  Status CheckExternalState() const {
+    if (!iterator_->has_external_state()) return Status::OK();
+    const std::string why = "the input iterator depends on external state it cannot save";
+    if (options_.external_state_policy == ExternalStatePolicy::kFail) {
+      return Status::FailedPrecondition(why +
+                                        "; set external_state_policy to warn or ignore to "
+                                        "save it anyway");
+    }
+    if (options_.external_state_policy == ExternalStatePolicy::kWarn) {
+      LogLine("warning: " + why + "; its checkpoint will not resume exactly");
+    }
+    return Status::OK();
+  }
+
   Status EnsureEngine() {
-    if (engine_) return Status::OK();
-    EngineOptions engine_options = EngineOptionsFor(saver_options_);
+    if (core_->has_engine()) return Status::OK();
+    EngineOptions engine_options = core_->engine_options();
     engine_options.background_threads = 1;
     // Its saves are small: they must not wait behind the model's large ones for a worker, or a
     // crash finds the input's checkpoint of a step missing long after the model's committed.
     engine_options.high_priority = true;
-    uint64_t budget = options_.staging_bytes;
+    const uint64_t chunk_bytes = core_->options().chunk_bytes;
+    uint64_t budget = core_->options().staging_bytes;
     if (budget == 0) budget = iterator_->max_state_bytes();
     const bool bounded = budget != 0;
     if (!bounded) budget = 2 * state_.total_bytes();
@@ -304,33 +287,14 @@ class CheckpointInputPipelineHook::Impl {
     // on the state, but without one a later state may outgrow the first snapshot, and only a
     // whole chunk_bytes is sure to hold each of its chunks (a chunk over the budget fails).
     budget += (registry_.size() + 2) * 4096 +
-              (bounded ? std::min<uint64_t>(options_.chunk_bytes, budget) : options_.chunk_bytes);
+              (bounded ? std::min<uint64_t>(chunk_bytes, budget) : chunk_bytes);
     engine_options.staging_bytes = budget;
-    ASSIGN_OR_RETURN(engine_,
-                     Engine::Create(engine_options, storage_.fs, storage_.manager.get(), &registry_,
-                                    [this](const SaveStats& stats) { OnDone(stats); }));
-    return Status::OK();
-  }
-
-  void OnDone(const SaveStats& stats) {
-    std::lock_guard lock(mu_);
-    if (stats.status.ok()) {
-      ++committed_;
-      return;
-    }
-    ++failed_;
-    const Status failure = stats.status.WithContext("input pipeline checkpoint");
-    if (options_.on_error == OnError::kContinue) {
-      // Its model partner of this step, if committed, is then unpaired: a resume skips it.
-      LogLine("an input pipeline save failed; training goes on: " + failure.ToString());
-    } else if (failure_.ok()) {
-      failure_ = failure;
-    }
+    return core_->CreateEngine(&registry_, engine_options);
   }
 
   Status Restore(const std::string& path) {
     ASSIGN_OR_RETURN(auto reader,
-                     CheckpointReader::Open(path, ReaderOptions{.file_system = storage_.fs}));
+                     CheckpointReader::Open(path, ReaderOptions{.file_system = core_->fs()}));
     IteratorState state;
     for (const TensorInfo& info : reader->tensors()) {
       std::vector<uint8_t> bytes(info.bytes);
@@ -342,23 +306,15 @@ class CheckpointInputPipelineHook::Impl {
   }
 
   const InputPipelineOptions options_;
-  const SaverOptions saver_options_;
   const std::string state_file_;
   SaveableIterator* const iterator_;
-  SaveSchedule schedule_;
-  SaverStorage storage_;
   IteratorState state_;
   TensorRegistry registry_;  // points into state_; read by the engine only inside Submit
-  std::unique_ptr<Engine> engine_;
   int64_t start_step_ = 0;
   bool restore_done_ = false;
   bool iterator_moved_ = false;  // once a session's steps may have consumed the iterator
   std::string restored_from_;
-
-  mutable std::mutex mu_;
-  Status failure_;  // the first failure, kept with OnError::kStop only
-  int64_t committed_ = 0;
-  int64_t failed_ = 0;
+  std::unique_ptr<SaverCore> core_;  // last: waits for the saves in flight first
 };
 
 Result<std::unique_ptr<CheckpointInputPipelineHook>> CheckpointInputPipelineHook::Create(
@@ -386,7 +342,6 @@ Result<std::unique_ptr<CheckpointInputPipelineHook>> CheckpointInputPipelineHook
     return Status::InvalidArgument("task_type must be set when num_workers > 1");
   }
   const SaverOptions saver = AsSaverOptions(options);
-  RETURN_IF_ERROR(ValidateSaverOptions(saver));
   if (!options.model_basename.empty()) {
     RETURN_IF_ERROR(ValidateCheckpointName(options.model_basename + "-0")
                         .WithContext("model_basename '" + options.model_basename +
@@ -396,13 +351,19 @@ Result<std::unique_ptr<CheckpointInputPipelineHook>> CheckpointInputPipelineHook
                                      "' must differ from the input checkpoints' basename");
     }
   }
+  SaverCoreSetup setup;
+  setup.state_file_name = InputStateFileName(options);
   // Only the schedule is agreed across processes: the saver options themselves carry no
   // coordinator, so each worker's input checkpoints are written and committed as one process's.
-  SaverOptions schedule_options = saver;
-  schedule_options.coordinator = options.coordinator;
-  ASSIGN_OR_RETURN(SaveSchedule schedule, SaveSchedule::Create(schedule_options));
+  setup.schedule_coordinator = options.coordinator;
+  setup.failure_context = "input pipeline checkpoint";
+  setup.save_noun = "an input pipeline save";
+  if (!options.model_basename.empty()) {
+    setup.partner = {options.model_basename, kCheckpointStateFileName};
+  }
+  ASSIGN_OR_RETURN(auto core, SaverCore::Create(saver, std::move(setup)));
   return std::unique_ptr<CheckpointInputPipelineHook>(new CheckpointInputPipelineHook(
-      std::make_unique<Impl>(std::move(options), iterator, std::move(schedule))));
+      std::make_unique<Impl>(std::move(options), iterator, std::move(core))));
 }
 
 CheckpointInputPipelineHook::CheckpointInputPipelineHook(std::unique_ptr<Impl> impl)
@@ -424,7 +385,7 @@ Result<RunArgs> CheckpointInputPipelineHook::before_run(RunContext& context) {
 
 Status CheckpointInputPipelineHook::after_run(RunContext& context, const RunValues& values) {
   (void)values;
-  RETURN_IF_ERROR(impl_->Poll(&context));
+  RETURN_IF_ERROR(impl_->Poll(context));
   ASSIGN_OR_RETURN(const bool due, impl_->Due(context.step()));
   if (!due) return Status::OK();
   return impl_->Save(context.step());

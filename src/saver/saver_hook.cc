@@ -4,119 +4,60 @@
 
 #include "asyncckpt/saver_hook.h"
 
-#include <mutex>
 #include <vector>
 
-#include "src/saver/saver_common.h"
-#include "src/util/log.h"
+#include "src/saver/saver_core.h"
 #include "src/util/status_macros.h"
 
 namespace asyncckpt {
 
 class CheckpointSaverHook::Impl {
  public:
-  Impl(SaverOptions options, const TensorRegistry* registry,
-       std::vector<CheckpointSaverListener*> listeners, SaveSchedule schedule)
-      : options_(std::move(options)),
-        registry_(registry),
-        listeners_(std::move(listeners)),
-        schedule_(std::move(schedule)) {}
+  Impl(std::unique_ptr<SaverCore> core, const TensorRegistry* registry)
+      : core_(std::move(core)), registry_(registry) {}
 
-  Status Begin() {
-    ASSIGN_OR_RETURN(SaverStart start, StartSaver(options_, *registry_, &storage_));
-    totals_.stale_temporaries_removed = std::move(start.removed);
-    written_ = std::move(start.written);
-    Result<std::unique_ptr<Engine>> engine = Engine::Create(
-        EngineOptionsFor(options_, std::move(start.job_token)), storage_.fs, storage_.manager.get(),
-        written_ ? written_.get() : registry_, [this](const SaveStats& stats) {
-          std::lock_guard lock(done_mu_);
-          done_ = stats;
-        });
-    // Every rank of a job learns whether every rank has an engine, so that none trains alone.
-    RETURN_IF_ERROR(AgreeStarted(options_, engine.status()));
-    engine_ = std::move(engine).value();
-    for (auto* listener : listeners_) listener->begin();
-    return Status::OK();
-  }
+  Status Begin() { return core_->StartWithEngine(*registry_); }
 
   // Saves `step`; *stop is set when a listener asks the loop to stop.
-  // Whether a save is due after `step` on every rank (a collective under save_secs with a
-  // coordinator).
-  Result<bool> Due(int64_t step) { return schedule_.due_everywhere(step); }
-
-  Status Save(int64_t step, bool* stop) {
-    if (!engine_) return Status::FailedPrecondition("CheckpointSaverHook: begin() not called");
-    schedule_.mark(step);
-    schedule_.mark_saved(step);
-    for (auto* listener : listeners_) listener->before_save(step);
-    const auto start = SteadyClock::now();
-    SaveStats stats =
-        SaveAndWait(CheckpointMetadata{step, options_.clock(), options_.user_metadata});
-    stats.seconds_to_durable = SecondsSince(start);
-    stats.blocked_seconds = stats.seconds_to_durable;
-    totals_.staging_high_water_bytes = engine_->staging_high_water();
-    AddToTotals(stats, &totals_);
-    *stop = NotifyAfterSave(listeners_, step, stats) || *stop;
-    return stats.status;
+  Status Save(int64_t step, bool* stop, bool heed_listeners = true) {
+    const SaverOptions& options = core_->options();
+    CoreSaveRequest request;
+    request.metadata = CheckpointMetadata{step, options.clock(), options.user_metadata};
+    request.heed_listeners = heed_listeners;
+    ASSIGN_OR_RETURN(const CoreSaveResult saved, core_->Save(std::move(request)));
+    *stop = saved.stop_requested || *stop;
+    return saved.stats.status;
   }
+
+  Result<bool> Due(int64_t step) { return core_->schedule().due_everywhere(step); }
 
   Status End(int64_t step) {
     Status status;
-    if (schedule_.final_save_needed(step)) {
+    if (core_->schedule().final_save_needed(step)) {
       bool stop = false;
       status = Save(step, &stop);
     }
-    for (auto* listener : listeners_) listener->end(step);
-    storage_.ReleaseLock();  // every save of this hook is durable or failed by now
-    return status;
+    Status finished = core_->Finish(step);
+    return status.ok() ? finished : status;
   }
 
-  const SaveSchedule& schedule() const { return schedule_; }
-  SaverTotals totals() const {
-    SaverTotals totals = totals_;
-    if (storage_.manager) totals.retention_failures = storage_.manager->retention_failures();
-    return totals;
-  }
+  SaverTotals totals() const { return core_->totals(); }
 
  private:
-  // The engine's report of the save, once durable (on_done runs before WaitAll returns).
-  SaveStats SaveAndWait(const CheckpointMetadata& metadata) {
-    SaveStats failed;
-    failed.step = metadata.step;
-    failed.final_level = options_.compression.level;
-    SubmitRequest request;
-    request.metadata = metadata;
-    Result<SubmitResult> submitted = engine_->Submit(request);
-    if (!submitted.ok()) {
-      failed.status = submitted.status();
-      return failed;
-    }
-    engine_->WaitAll();
-    std::lock_guard lock(done_mu_);
-    return done_;
-  }
-
-  SaverOptions options_;
+  std::unique_ptr<SaverCore> core_;
   const TensorRegistry* registry_;
-  std::vector<CheckpointSaverListener*> listeners_;
-  SaveSchedule schedule_;
-  SaverStorage storage_;
-  // Multi-process jobs: what this rank writes (the engine's registry); null in one process.
-  std::unique_ptr<TensorRegistry> written_;
-  SaverTotals totals_;
-  std::mutex done_mu_;
-  SaveStats done_;                  // written by on_done, read after WaitAll
-  std::unique_ptr<Engine> engine_;  // after storage_: destroyed (and waited for) first
 };
 
 Result<std::unique_ptr<CheckpointSaverHook>> CheckpointSaverHook::Create(
     SaverOptions options, const TensorRegistry* registry,
     std::vector<CheckpointSaverListener*> listeners) {
   if (registry == nullptr) return Status::InvalidArgument("the tensor registry must not be null");
-  RETURN_IF_ERROR(ValidateSaverOptions(options));
-  ASSIGN_OR_RETURN(SaveSchedule schedule, SaveSchedule::Create(options));
-  return std::unique_ptr<CheckpointSaverHook>(new CheckpointSaverHook(std::make_unique<Impl>(
-      std::move(options), registry, std::move(listeners), std::move(schedule))));
+  SaverCoreSetup setup;
+  setup.mode = SaveMode::kSynchronous;
+  setup.listeners = std::move(listeners);
+  ASSIGN_OR_RETURN(auto core, SaverCore::Create(std::move(options), std::move(setup)));
+  return std::unique_ptr<CheckpointSaverHook>(
+      new CheckpointSaverHook(std::make_unique<Impl>(std::move(core), registry)));
 }
 
 CheckpointSaverHook::CheckpointSaverHook(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -126,7 +67,7 @@ Status CheckpointSaverHook::begin() { return impl_->Begin(); }
 
 Status CheckpointSaverHook::after_create_session(int64_t global_step) {
   bool stop = false;  // nothing to stop yet: TensorFlow ignores the listeners' answer here too
-  return impl_->Save(global_step, &stop);
+  return impl_->Save(global_step, &stop, /*heed_listeners=*/false);
 }
 
 Status CheckpointSaverHook::after_run(RunContext& context, const RunValues& values) {

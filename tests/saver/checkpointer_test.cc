@@ -36,6 +36,9 @@ class CheckpointerTest : public ::testing::TestWithParam<bool> {
   void TearDown() override { fs::remove_all(dir_); }
 
   bool asynchronous() const { return GetParam(); }
+  SaveMode mode() const {
+    return asynchronous() ? SaveMode::kAsynchronous : SaveMode::kSynchronous;
+  }
 
   SaverOptions Options() {
     SaverOptions options;
@@ -49,7 +52,7 @@ class CheckpointerTest : public ::testing::TestWithParam<bool> {
   }
 
   std::unique_ptr<Checkpointer> Make(const SaverOptions& options) {
-    auto made = Checkpointer::Create(options, asynchronous());
+    auto made = Checkpointer::Create(options, mode());
     EXPECT_TRUE(made.ok()) << made.status().ToString();
     return made.ok() ? std::move(made).value() : nullptr;
   }
@@ -288,7 +291,7 @@ TEST_P(CheckpointerTest, CloseHandsTheDirectoryToTheNextCheckpointerAndKeepsRead
   SetState(1);
   ASSERT_TRUE(first->save(1, Registry()).ok());
   // While the first holds checkpoint_dir, a second is refused naming the lock.
-  auto refused = Checkpointer::Create(Options(), asynchronous());
+  auto refused = Checkpointer::Create(Options(), mode());
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
   ASSERT_TRUE(first->close().ok());
@@ -351,12 +354,12 @@ TEST_P(CheckpointerTest, AnOpenReaderKeepsItsCheckpointFromRetentionUntilItIsDes
 TEST_P(CheckpointerTest, BadOptionsAreRefusedWithTheFieldNamed) {
   SaverOptions options = Options();
   options.save_steps.reset();
-  auto made = Checkpointer::Create(options, asynchronous());
+  auto made = Checkpointer::Create(options, mode());
   ASSERT_FALSE(made.ok());
   EXPECT_NE(made.status().message().find("save_steps or save_secs"), std::string::npos);
   options = Options();
   options.max_to_keep = -1;
-  made = Checkpointer::Create(options, asynchronous());
+  made = Checkpointer::Create(options, mode());
   ASSERT_FALSE(made.ok());
   EXPECT_NE(made.status().message().find("max_to_keep"), std::string::npos);
 }
@@ -387,7 +390,7 @@ TEST(CheckpointerBusyTest, WithOnBusySkipMaybeSaveSkipsWhileStagingIsHeld) {
   options.file_system = &gate;
   options.background_threads = 2;
   {
-    auto made = Checkpointer::Create(options, /*asynchronous=*/true);
+    auto made = Checkpointer::Create(options, SaveMode::kAsynchronous);
     ASSERT_TRUE(made.ok()) << made.status().ToString();
     Checkpointer& checkpointer = **made;
     auto first = checkpointer.maybe_save(1, registry);

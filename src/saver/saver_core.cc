@@ -1,0 +1,194 @@
+// SaverCore: the start, engine, submission, totals, listeners and failure policy that every
+// saver shares (see saver_core.h).
+
+#include "src/saver/saver_core.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "src/util/elapsed.h"
+#include "src/util/log.h"
+#include "src/util/status_macros.h"
+
+namespace asyncckpt {
+
+Result<std::unique_ptr<SaverCore>> SaverCore::Create(SaverOptions options, SaverCoreSetup setup) {
+  RETURN_IF_ERROR(ValidateSaverOptions(options));
+  SaverOptions schedule_options = options;
+  if (setup.schedule_coordinator != nullptr) {
+    schedule_options.coordinator = setup.schedule_coordinator;
+  }
+  ASSIGN_OR_RETURN(SaveSchedule schedule, SaveSchedule::Create(schedule_options));
+  return std::unique_ptr<SaverCore>(
+      new SaverCore(std::move(options), std::move(setup), std::move(schedule)));
+}
+
+SaverCore::SaverCore(SaverOptions options, SaverCoreSetup setup, SaveSchedule schedule)
+    : options_(std::move(options)), setup_(std::move(setup)), schedule_(std::move(schedule)) {}
+
+SaverCore::~SaverCore() { engine_.reset(); }
+
+Status SaverCore::StartStorage() {
+  ASSIGN_OR_RETURN(std::vector<std::string> removed,
+                   storage_.Start(options_, setup_.state_file_name, setup_.partner));
+  std::lock_guard lock(mu_);
+  totals_.stale_temporaries_removed = std::move(removed);
+  return Status::OK();
+}
+
+Status SaverCore::StartWithEngine(const TensorRegistry& registry) {
+  ASSIGN_OR_RETURN(SaverStart start, StartSaver(options_, registry, &storage_));
+  {
+    std::lock_guard lock(mu_);
+    totals_.stale_temporaries_removed = std::move(start.removed);
+  }
+  job_token_ = std::move(start.job_token);
+  written_ = std::move(start.written);
+  const Status created = CreateEngine(written_ ? written_.get() : &registry, engine_options());
+  // Every rank of a job learns whether every rank has an engine, so that none trains alone.
+  RETURN_IF_ERROR(AgreeStarted(options_, created));
+  for (auto* listener : setup_.listeners) listener->begin();
+  return Status::OK();
+}
+
+EngineOptions SaverCore::engine_options() const { return EngineOptionsFor(options_, job_token_); }
+
+Status SaverCore::CreateEngine(const TensorRegistry* registry,
+                               const EngineOptions& engine_options) {
+  if (engine_) engine_->WaitAll();
+  engine_.reset();
+  ASSIGN_OR_RETURN(engine_,
+                   Engine::Create(engine_options, storage_.fs, storage_.manager.get(), registry,
+                                  [this](const SaveStats& stats) { OnDone(stats); }));
+  return Status::OK();
+}
+
+uint64_t SaverCore::staging_budget() const { return engine_ ? engine_->staging_budget() : 0; }
+
+Result<CoreSaveResult> SaverCore::Save(CoreSaveRequest request) {
+  if (!engine_) return Status::FailedPrecondition("the saver has not started (begin() not called)");
+  const int64_t step = request.metadata.step;
+  const auto start = SteadyClock::now();
+  const bool heed = request.heed_listeners;
+  SubmitRequest submit;
+  submit.metadata = std::move(request.metadata);
+  submit.skip_if_busy = request.may_skip && options_.on_busy == OnBusy::kSkip && !synchronous();
+  // Runs once the save is certain: on_done comes for it, in this order.
+  submit.before_copy = [&] {
+    if (!synchronous()) {
+      std::lock_guard lock(mu_);
+      heed_answers_.push_back(heed);
+    }
+    for (auto* listener : setup_.listeners) listener->before_save(step);
+  };
+  submit.plan = std::move(request.plan);
+  ASSIGN_OR_RETURN(const SubmitResult submitted, engine_->Submit(std::move(submit)));
+  schedule_.mark(step);
+  {
+    // Every lease of a save is taken inside Submit: its high water is known now.
+    std::lock_guard lock(mu_);
+    staging_high_water_ = std::max(staging_high_water_, engine_->staging_high_water());
+    if (submitted.outcome == SubmitOutcome::kSkipped) ++totals_.saves_skipped;
+  }
+  if (submitted.outcome == SubmitOutcome::kSkipped) {
+    LogLine("skipped the save of step " + std::to_string(step) + ": staging is still busy");
+    return CoreSaveResult{};
+  }
+  schedule_.mark_saved(step);
+  CoreSaveResult result;
+  result.saved = true;
+  if (!synchronous()) return result;
+  engine_->WaitAll();  // on_done has run for this save by now
+  {
+    std::lock_guard lock(mu_);
+    result.stats = std::move(last_done_).value_or(SaveStats{});
+    last_done_.reset();
+  }
+  // The caller was blocked until the checkpoint was durable: the two times are one.
+  result.stats.seconds_to_durable = SecondsSince(start);
+  result.stats.blocked_seconds = result.stats.seconds_to_durable;
+  Record(result.stats);
+  result.stop_requested = NotifyAfterSave(setup_.listeners, step, result.stats) && heed;
+  return result;
+}
+
+void SaverCore::OnDone(const SaveStats& stats) {
+  if (synchronous()) {
+    std::lock_guard lock(mu_);
+    last_done_ = stats;
+    return;
+  }
+  // Recorded before the listeners hear of the save, so that whoever learns of it from a
+  // listener finds it in totals() and, if it failed, the loop's next after_run sees it.
+  Record(stats);
+  if (!stats.status.ok()) RecordFailure(stats.status);
+  bool heed = true;
+  {
+    std::lock_guard lock(mu_);
+    // The engine reports every certain save once, in submission order.
+    if (!heed_answers_.empty()) {
+      heed = heed_answers_.front();
+      heed_answers_.pop_front();
+    }
+  }
+  if (NotifyAfterSave(setup_.listeners, stats.step, stats) && heed) {
+    std::lock_guard lock(mu_);
+    stop_requested_by_listener_ = true;
+  }
+}
+
+void SaverCore::Record(const SaveStats& stats) {
+  std::lock_guard lock(mu_);
+  AddToTotals(stats, &totals_);
+}
+
+void SaverCore::RecordFailure(const Status& failure) {
+  std::lock_guard lock(mu_);
+  unreported_failures_.push_back(
+      setup_.failure_context.empty() ? failure : failure.WithContext(setup_.failure_context));
+}
+
+Status SaverCore::Deliver(RunContext* context) {
+  std::lock_guard lock(mu_);
+  if (stop_requested_by_listener_ && context != nullptr) context->request_stop();
+  for (Status& failure : unreported_failures_) {
+    if (options_.on_error == OnError::kStop) {
+      if (first_error_.ok()) first_error_ = failure;
+    } else {
+      LogLine(setup_.save_noun + " failed; training goes on: " + failure.ToString());
+    }
+  }
+  unreported_failures_.clear();
+  // Every step after a failure asks to stop, also when a wait took the failure first.
+  if (!first_error_.ok() && context != nullptr) context->request_stop();
+  return first_error_;
+}
+
+void SaverCore::WaitAll() {
+  if (engine_) engine_->WaitAll();
+}
+
+Status SaverCore::WaitUntilSaved() {
+  WaitAll();
+  return Deliver(nullptr);
+}
+
+Status SaverCore::Finish(std::optional<int64_t> end_step) {
+  Status status = WaitUntilSaved();
+  if (end_step) {
+    for (auto* listener : setup_.listeners) listener->end(*end_step);
+  }
+  engine_.reset();
+  storage_.ReleaseLock();  // every save is durable or failed: the directory is free
+  return status;
+}
+
+SaverTotals SaverCore::totals() const {
+  std::lock_guard lock(mu_);
+  SaverTotals totals = totals_;
+  totals.staging_high_water_bytes = staging_high_water_;
+  if (storage_.manager) totals.retention_failures = storage_.manager->retention_failures();
+  return totals;
+}
+
+}  // namespace asyncckpt

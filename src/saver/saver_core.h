@@ -1,0 +1,153 @@
+#pragma once
+
+// SaverCore: what every saver does around its engine, written once. The two hooks, Checkpointer
+// and the input pipeline hook each keep only what differs (when to save, what to snapshot, what
+// the loop hears); the core owns the start (lock, clean-up, multi-process agreement), the
+// engine, a save's submission, and, when a save finishes, the totals, the listeners and the
+// failure policy (SaverOptions::on_error).
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "asyncckpt/hooks.h"
+#include "asyncckpt/saver_hook.h"
+#include "src/engine/engine.h"
+#include "src/saver/saver_common.h"
+
+namespace asyncckpt {
+
+/// What sets one saver's core apart from another's.
+struct SaverCoreSetup {
+  /// Asynchronous: a save returns once staged, and its outcome arrives on the commit thread.
+  /// Synchronous: a save returns once committed, and the listeners hear of it on the caller's
+  /// thread.
+  SaveMode mode = SaveMode::kAsynchronous;
+  /// The state file the checkpoints are listed in.
+  std::string state_file_name = kCheckpointStateFileName;
+  /// Whose checkpoints retention pairs with; empty: options.paired_input_basename's.
+  CheckpointPartner partner;
+  /// Told of every save (borrowed).
+  std::vector<CheckpointSaverListener*> listeners;
+  /// The coordinator whose rank 0 decides when save_secs is due; null: options.coordinator
+  /// (the input pipeline agrees on its schedule but writes each worker's checkpoints alone).
+  Coordinator* schedule_coordinator = nullptr;
+  /// Prefixes the saver's failures, e.g. "input pipeline checkpoint"; empty leaves them as
+  /// they are.
+  std::string failure_context;
+  /// What a failure's log line calls one save (OnError::kContinue).
+  std::string save_noun = "a background save";
+};
+
+/// One save for SaverCore::Save.
+struct CoreSaveRequest {
+  /// Step, wall time and user metadata.
+  CheckpointMetadata metadata;
+  /// Skip the save while staging is busy, when options.on_busy is kSkip (asynchronous only).
+  bool may_skip = false;
+  /// Whether a listener's wish to stop after this save counts (not for a session's first save,
+  /// as in TensorFlow).
+  bool heed_listeners = true;
+  /// The tensors' plan when the saver made it already (PlanSnapshot with engine_options()).
+  std::optional<SnapshotPlan> plan;
+};
+
+/// What SaverCore::Save did.
+struct CoreSaveResult {
+  /// False when the save was skipped (staging busy, OnBusy::kSkip).
+  bool saved = false;
+  /// Synchronous mode: the committed (or failed) save's stats.
+  SaveStats stats;
+  /// Synchronous mode: a listener heeded for this save asked the loop to stop.
+  bool stop_requested = false;
+};
+
+/// The saver core. Start, engine creation, Save, WaitAll and End run on the saver's own thread
+/// (the training thread); totals() and the engine's completions may run on any thread.
+class SaverCore {
+ public:
+  /// Validates `options` (ValidateSaverOptions) and builds its save schedule.
+  static Result<std::unique_ptr<SaverCore>> Create(SaverOptions options, SaverCoreSetup setup);
+  /// Waits for the saves in flight before the storage goes.
+  ~SaverCore();
+
+  /// Locks checkpoint_dir and runs its start-up clean-up (SaverStorage::Start), as one process.
+  Status StartStorage();
+  /// A hook's begin(): the start (StartSaver, multi-process agreement included), an engine
+  /// over `registry` (or, in a multi-process job, over what this rank writes), agreed started on
+  /// every rank, then the listeners' begin().
+  Status StartWithEngine(const TensorRegistry& registry);
+  /// The engine options the saver's options give (job token included once started).
+  EngineOptions engine_options() const;
+  /// Replaces the engine (after waiting for the saves in flight) by one over `registry`.
+  Status CreateEngine(const TensorRegistry* registry, const EngineOptions& engine_options);
+  /// Whether an engine exists.
+  bool has_engine() const { return engine_ != nullptr; }
+  /// The engine's staging budget (0 without an engine).
+  uint64_t staging_budget() const;
+
+  /// Saves through the engine: before_save listeners once the save is certain, the schedule
+  /// marked, a skipped save counted; synchronous mode waits until it is committed. Returns an
+  /// error only for a save refused before anything was written (bad tensors or metadata).
+  Result<CoreSaveResult> Save(CoreSaveRequest request);
+
+  /// Hands the loop what the background reported: a listener's stop request, and failures as
+  /// on_error says (kStop: the first failure kept, and a stop requested while one is kept;
+  /// kContinue: logged).
+  /// Returns the first failure kept so far (OK without one). `context` may be null.
+  Status Deliver(RunContext* context);
+  /// Records a failure that the saver found itself (a synchronous save's), for Deliver.
+  void RecordFailure(const Status& failure);
+  /// Blocks until every submitted save is committed or failed.
+  void WaitAll();
+  /// WaitAll, then Deliver(nullptr).
+  Status WaitUntilSaved();
+  /// The end of the saver: waits, tells the listeners end(step), destroys the engine and
+  /// releases the directory lock. Returns WaitUntilSaved's status.
+  Status Finish(std::optional<int64_t> end_step);
+
+  /// The schedule built from the options.
+  SaveSchedule& schedule() { return schedule_; }
+  /// The schedule, to ask whether a save is due.
+  const SaveSchedule& schedule() const { return schedule_; }
+  /// The saver's options.
+  const SaverOptions& options() const { return options_; }
+  /// The file system, after a start.
+  io::FileSystem* fs() const { return storage_.fs; }
+  /// The state file and retention manager, after a start.
+  CheckpointManager* manager() const { return storage_.manager.get(); }
+  /// Totals so far (thread-safe).
+  SaverTotals totals() const;
+
+ private:
+  SaverCore(SaverOptions options, SaverCoreSetup setup, SaveSchedule schedule);
+  void OnDone(const SaveStats& stats);
+  void Record(const SaveStats& stats);
+  bool synchronous() const { return setup_.mode == SaveMode::kSynchronous; }
+
+  const SaverOptions options_;
+  const SaverCoreSetup setup_;
+  SaveSchedule schedule_;
+  SaverStorage storage_;
+  std::string job_token_;
+  // Multi-process jobs: what this rank writes (the engine's registry); null in one process.
+  std::unique_ptr<TensorRegistry> written_;
+
+  mutable std::mutex mu_;  // guards what the commit thread reports
+  SaverTotals totals_;
+  uint64_t staging_high_water_ = 0;  // over every engine so far
+  std::vector<Status> unreported_failures_;
+  // Per asynchronous save submitted and not yet done, oldest first: whether its listeners'
+  // answer counts.
+  std::deque<bool> heed_answers_;
+  bool stop_requested_by_listener_ = false;
+  Status first_error_;
+  std::optional<SaveStats> last_done_;  // synchronous mode: the save just waited for
+
+  std::unique_ptr<Engine> engine_;  // last: destroyed (and waited for) first
+};
+
+}  // namespace asyncckpt
