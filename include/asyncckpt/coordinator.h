@@ -24,9 +24,9 @@ class Coordinator {
   /// Processes in the job.
   virtual int size() const = 0;
   /// Collective: every rank's `bytes` becomes root's. Every rank calls it, in the same order.
-  virtual Status Broadcast(std::vector<uint8_t>& bytes, int root) = 0;
+  virtual Status broadcast(std::vector<uint8_t>& bytes, int root) = 0;
   /// Collective: every rank gets every rank's bytes, in rank order.
-  virtual Result<std::vector<std::vector<uint8_t>>> AllGather(std::span<const uint8_t> bytes) = 0;
+  virtual Result<std::vector<std::vector<uint8_t>>> all_gather(std::span<const uint8_t> bytes) = 0;
 };
 
 /// The coordinator of a job of one process: rank 0 of 1, collectives are copies.

@@ -17,6 +17,7 @@
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/hooks.h"
 #include "asyncckpt/saver_hook.h"
+#include "asyncckpt/saver_options.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/tensor.h"
 #include "asyncckpt/timer.h"
@@ -61,7 +62,7 @@ class IteratorState {
   /// Total bytes held.
   uint64_t total_bytes() const;
   /// A registry whose tensors point at this state's buffers (valid until the state changes).
-  Result<TensorRegistry> AsRegistry() const;
+  Result<TensorRegistry> as_registry() const;
 
  private:
   std::vector<Entry> entries_;
@@ -95,14 +96,20 @@ enum class ExternalStatePolicy {
 
 /// Options of CheckpointInputPipelineHook.
 struct InputPipelineOptions {
-  /// Shared with the model's checkpoints; nothing of the model's is touched.
-  std::string checkpoint_dir;
-  /// Save every N steps (exactly one of save_steps / save_secs).
-  std::optional<int64_t> save_steps;
-  /// Save every N seconds.
-  std::optional<double> save_secs;
-  /// Newest input checkpoints kept; 0 keeps all.
-  int max_to_keep = 5;
+  /// How the input checkpoints are saved, as the model's savers save theirs (checkpoint_dir,
+  /// save_steps / save_secs, max_to_keep, on_error, chunk_bytes, compression, file_system, ...;
+  /// give on_error the model saver's value: with kContinue on the model side only, a full disk
+  /// stops the job here). The hook sets some fields itself: basename is
+  /// InputCheckpointBasename(), paired_input_basename is unused (model_basename pairs), each
+  /// checkpoint has one data file, one background thread writes it at high priority, and no
+  /// save is ever skipped (on_busy is ignored). staging_bytes 0 sizes staging from the
+  /// iterator's max_state_bytes() (or twice the first snapshot when the iterator cannot tell).
+  /// A coordinator of several processes names the workers (num_workers and task_id default to
+  /// its size and rank; set, they must match it) and, under save_secs, lets rank 0's clock
+  /// decide when every worker saves (a collective after every step), so that every worker's
+  /// input checkpoints pair with the model checkpoints of the same steps; each worker's input
+  /// checkpoints stay its own, never sharded.
+  SaverOptions saver;
   /// The basename of the model checkpoints these input checkpoints pair with (state file
   /// "checkpoint"): retention also keeps every input checkpoint whose step is among the newest
   /// max_to_keep steps both sides hold, so the input partner of a kept model checkpoint is never
@@ -116,38 +123,12 @@ struct InputPipelineOptions {
   int task_id = 0;
   /// For iterators with external state.
   ExternalStatePolicy external_state_policy = ExternalStatePolicy::kFail;
-  /// What a failed background save does, as SaverOptions::on_error: kStop requests a stop at
-  /// the next after_run and end() returns the failure; kContinue logs and counts it
-  /// (saves_failed()) and training goes on, the next save trying again. Give it the model
-  /// saver's value: with kContinue on the model side only, a full disk stops the job here.
-  OnError on_error = OnError::kStop;
-  /// Chunk size of the input checkpoints.
-  uint64_t chunk_bytes = 4ull << 20;
-  /// Codec and level.
-  CompressionOptions compression;
-  /// Pinned staging budget; 0 sizes it from the iterator's max_state_bytes() (or twice the
-  /// first snapshot when the iterator cannot tell).
-  uint64_t staging_bytes = 0;
-  /// Use the POSIX I/O backend even where io_uring works (as SaverOptions::force_posix_io).
-  bool force_posix_io = false;
-  /// Where every file goes (borrowed; must outlive the hook); null: the default backend, as
-  /// SaverOptions::file_system.
-  io::FileSystem* file_system = nullptr;
   /// When the session's starting step S > 0 has no input checkpoint `<basename>-S`: false (the
   /// default) fails the first before_run with FailedPrecondition naming the step and the
   /// directory; true restores the latest input checkpoint instead (saving the initial state when
   /// there is none), as TensorFlow does, which may pair the model of step S with the input
   /// position of another step.
   bool restore_latest_when_step_missing = false;
-  /// Time source for save_secs and retention.
-  Clock clock = SystemClockSeconds;
-  /// Multi-process jobs: the job's processes (borrowed; must outlive the hook). With more than
-  /// one, num_workers and task_id default to its size and rank (left at 1 and 0; set, they
-  /// must match it), and under save_secs rank 0's clock decides when every worker saves (a
-  /// collective after every step, as SaverOptions::coordinator), so that every worker's input
-  /// checkpoints pair with the model checkpoints of the same steps. Each worker's input
-  /// checkpoints stay its own, never sharded.
-  Coordinator* coordinator = nullptr;
 };
 
 /// The basename the options give: "input.ckpt", or "input_<task_type>_<task_id>.ckpt".

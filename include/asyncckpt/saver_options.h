@@ -136,6 +136,9 @@ struct SaverOptions {
   double coordination_timeout_secs = 300;
 };
 
+/// InvalidArgument unless queue_depth is in [1, kMaxQueueDepth] (SaverOptions and ReaderOptions).
+Status ValidateQueueDepth(unsigned queue_depth);
+
 /// InvalidArgument naming the first bad field and its valid range, worded like TensorFlow's
 /// messages.
 Status ValidateSaverOptions(const SaverOptions& options);

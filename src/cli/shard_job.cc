@@ -38,7 +38,7 @@ bool Take(const std::vector<uint8_t>& bytes, size_t* at, T* value) {
   return true;
 }
 
-// One rank's slice of one tensor, as it travels through AllGather: the slice's first global
+// One rank's slice of one tensor, as it travels through all_gather: the slice's first global
 // index along dimension 0, its name, then its bytes. All ranks run the same binary on machines
 // of one byte order, so integers travel in host order.
 std::vector<uint8_t> EncodeSlice(const TensorRef& tensor) {
@@ -164,10 +164,10 @@ void MpiSession::Abort(int exit_code) {
 
 Result<uint64_t> GlobalDigest(Coordinator& coordinator, const TensorRegistry& registry) {
   for (const TensorRef& tensor : registry.tensors()) RETURN_IF_ERROR(CheckDim0Slice(tensor));
-  // Every rank must walk the same names, or the AllGathers below would pair different tensors.
+  // Every rank must walk the same names, or the all_gathers below would pair different tensors.
   std::vector<uint8_t> count;
   Append(count, static_cast<uint64_t>(registry.size()));
-  ASSIGN_OR_RETURN(auto counts, coordinator.AllGather(count));
+  ASSIGN_OR_RETURN(auto counts, coordinator.all_gather(count));
   for (size_t r = 0; r < counts.size(); ++r) {
     if (counts[r] != count) {
       return Status::FailedPrecondition("rank " + std::to_string(r) +
@@ -179,7 +179,7 @@ Result<uint64_t> GlobalDigest(Coordinator& coordinator, const TensorRegistry& re
   XXH3_64bits_reset(state);
   Status status;
   for (const TensorRef& tensor : registry.tensors()) {
-    auto gathered = coordinator.AllGather(EncodeSlice(tensor));
+    auto gathered = coordinator.all_gather(EncodeSlice(tensor));
     if (!gathered.ok()) {
       status = gathered.status();
       break;
@@ -230,7 +230,7 @@ Result<uint64_t> GlobalDigest(Coordinator& coordinator, const TensorRegistry& re
 Result<double> RankZeroValue(Coordinator& coordinator, double value) {
   std::vector<uint8_t> bytes;
   Append(bytes, value);
-  RETURN_IF_ERROR(coordinator.Broadcast(bytes, 0));
+  RETURN_IF_ERROR(coordinator.broadcast(bytes, 0));
   double agreed = 0;
   size_t at = 0;
   if (!Take(bytes, &at, &agreed)) return Status::Corruption("rank 0 broadcast a short value");
@@ -240,7 +240,7 @@ Result<double> RankZeroValue(Coordinator& coordinator, double value) {
 Result<std::vector<uint64_t>> GatherValues(Coordinator& coordinator, uint64_t value) {
   std::vector<uint8_t> bytes;
   Append(bytes, value);
-  ASSIGN_OR_RETURN(auto gathered, coordinator.AllGather(bytes));
+  ASSIGN_OR_RETURN(auto gathered, coordinator.all_gather(bytes));
   std::vector<uint64_t> values;
   for (size_t r = 0; r < gathered.size(); ++r) {
     uint64_t v = 0;
@@ -311,7 +311,7 @@ Result<int64_t> ShardedSessionCreator::create_session() {
   restored_from_.clear();
   restore_bytes_read_ = 0;
   restore_seconds_ = 0;
-  // Every rank takes part in the AllGather even when its own listing failed, so that no rank is
+  // Every rank takes part in the all_gather even when its own listing failed, so that no rank is
   // left waiting; the failure then reaches every rank as the same decision.
   auto local = LocalCompleteSteps();
   const std::vector<int64_t> steps = local.ok() ? *local : std::vector<int64_t>{};
@@ -323,7 +323,7 @@ Result<int64_t> ShardedSessionCreator::create_session() {
   }
   std::vector<uint8_t> mine = EncodeSteps(steps, found_any);
   mine.insert(mine.begin(), static_cast<uint8_t>(local.ok() ? 0 : 1));
-  ASSIGN_OR_RETURN(auto gathered, coordinator_->AllGather(mine));
+  ASSIGN_OR_RETURN(auto gathered, coordinator_->all_gather(mine));
   std::vector<std::vector<int64_t>> lists;
   bool any_found = false;
   for (size_t r = 0; r < gathered.size(); ++r) {

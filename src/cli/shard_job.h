@@ -48,14 +48,14 @@ class MpiSession {
 /// order: the digest one process holding the whole state computes over it (RegistryDigest),
 /// whatever the number of ranks. Every tensor of `registry` must be a dimension-0 slice
 /// (global_offset zero past dimension 0) held by exactly one rank, and every rank must hold
-/// the same names; the slices travel through AllGather one tensor at a time, so each rank
+/// the same names; the slices travel through all_gather one tensor at a time, so each rank
 /// holds at most one global tensor more. Collective.
 Result<uint64_t> GlobalDigest(Coordinator& coordinator, const TensorRegistry& registry);
 
-/// Rank 0's `value` on every rank (Broadcast). Collective.
+/// Rank 0's `value` on every rank (broadcast). Collective.
 Result<double> RankZeroValue(Coordinator& coordinator, double value);
 
-/// Every rank's `value`, in rank order (AllGather). Collective.
+/// Every rank's `value`, in rank order (all_gather). Collective.
 Result<std::vector<uint64_t>> GatherValues(Coordinator& coordinator, uint64_t value);
 
 /// Options of ShardedSessionCreator.
@@ -77,7 +77,7 @@ struct ShardedSessionCreatorOptions {
 };
 
 /// A SessionCreator for a job of several ranks: each rank lists its complete steps, the ranks
-/// AllGather the lists and every rank restores the newest step complete on all of them, so a
+/// all_gather the lists and every rank restores the newest step complete on all of them, so a
 /// job killed between two ranks' input saves never resumes ranks at different steps. The
 /// restore reads only the chunks that overlap this rank's boxes (CheckpointReader::restore of
 /// a registry of shards). Every rank reaches the same decision, error included (a fresh start

@@ -639,16 +639,16 @@ Result<std::unique_ptr<SessionRunHook>> MakeSaverHook(const TrainSimConfig& conf
 // The input hook's options: its schedule, retention and codec follow the model saver's.
 InputPipelineOptions InputOptions(const TrainSimConfig& config) {
   InputPipelineOptions options;
-  options.checkpoint_dir = config.saver.checkpoint_dir;
-  options.save_steps = config.saver.save_steps;
-  options.save_secs = config.saver.save_secs;
-  options.max_to_keep = config.saver.max_to_keep;
+  options.saver.checkpoint_dir = config.saver.checkpoint_dir;
+  options.saver.save_steps = config.saver.save_steps;
+  options.saver.save_secs = config.saver.save_secs;
+  options.saver.max_to_keep = config.saver.max_to_keep;
+  options.saver.compression = config.saver.compression;
+  options.saver.chunk_bytes = config.saver.chunk_bytes;
+  options.saver.force_posix_io = config.saver.force_posix_io;
+  options.saver.on_error = config.saver.on_error;
+  options.saver.clock = config.saver.clock;
   options.model_basename = config.saver.basename;
-  options.compression = config.saver.compression;
-  options.chunk_bytes = config.saver.chunk_bytes;
-  options.force_posix_io = config.saver.force_posix_io;
-  options.on_error = config.saver.on_error;
-  options.clock = config.saver.clock;
   if (config.model.shard) {
     // TensorFlow's per-worker suffix: each rank saves and restores its own input position.
     options.num_workers = config.model.world_size;

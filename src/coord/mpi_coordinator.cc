@@ -53,9 +53,9 @@ class MpiCoordinator final : public Coordinator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
-  Status Broadcast(std::vector<uint8_t>& bytes, int root) override {
+  Status broadcast(std::vector<uint8_t>& bytes, int root) override {
     if (root < 0 || root >= size_) {
-      return Status::InvalidArgument("MpiCoordinator::Broadcast: root " + std::to_string(root) +
+      return Status::InvalidArgument("MpiCoordinator::broadcast: root " + std::to_string(root) +
                                      " is not a rank of a job of " + std::to_string(size_));
     }
     if (Status usable = Usable(); !usable.ok()) return usable;
@@ -74,7 +74,7 @@ class MpiCoordinator final : public Coordinator {
         !s.ok()) {
       return s;
     }
-    if (Status s = Wait(&request, "Broadcast"); !s.ok()) return s;
+    if (Status s = Wait(&request, "broadcast"); !s.ok()) return s;
     uint64_t length = 0;
     std::memcpy(&length, header, sizeof(length));
     if (rank_ != root) {
@@ -93,13 +93,13 @@ class MpiCoordinator final : public Coordinator {
           !s.ok()) {
         return s;
       }
-      if (Status s = Wait(&request, "Broadcast"); !s.ok()) return s;
+      if (Status s = Wait(&request, "broadcast"); !s.ok()) return s;
       done += static_cast<uint64_t>(piece);
     }
     return Status::OK();
   }
 
-  Result<std::vector<std::vector<uint8_t>>> AllGather(std::span<const uint8_t> bytes) override {
+  Result<std::vector<std::vector<uint8_t>>> all_gather(std::span<const uint8_t> bytes) override {
     if (Status usable = Usable(); !usable.ok()) return usable;
     const uint64_t mine = bytes.size();
     std::vector<uint64_t> lengths(static_cast<size_t>(size_));
@@ -107,13 +107,13 @@ class MpiCoordinator final : public Coordinator {
     RETURN_IF_MPI(
         MPI_Iallgather(&mine, 1, MPI_UINT64_T, lengths.data(), 1, MPI_UINT64_T, comm_, &request),
         "MPI_Iallgather");
-    if (Status s = Wait(&request, "AllGather"); !s.ok()) return s;
+    if (Status s = Wait(&request, "all_gather"); !s.ok()) return s;
     std::vector<int> counts(lengths.size());
     std::vector<int> displacements(lengths.size());
     uint64_t total = 0;
     for (size_t r = 0; r < lengths.size(); ++r) {
       if (lengths[r] > INT_MAX - total) {
-        return Status::ResourceExhausted("MpiCoordinator::AllGather: more than " +
+        return Status::ResourceExhausted("MpiCoordinator::all_gather: more than " +
                                          std::to_string(INT_MAX) + " bytes in all (rank " +
                                          std::to_string(r) + " sends " +
                                          std::to_string(lengths[r]) + ")");
@@ -128,7 +128,7 @@ class MpiCoordinator final : public Coordinator {
         MPI_Iallgatherv(const_cast<uint8_t*>(bytes.data()), static_cast<int>(mine), MPI_BYTE,
                         all.data(), counts.data(), displacements.data(), MPI_BYTE, comm_, &request),
         "MPI_Iallgatherv");
-    if (Status s = Wait(&request, "AllGather"); !s.ok()) return s;
+    if (Status s = Wait(&request, "all_gather"); !s.ok()) return s;
     std::vector<std::vector<uint8_t>> gathered(lengths.size());
     for (size_t r = 0; r < lengths.size(); ++r) {
       gathered[r].assign(all.begin() + displacements[r],

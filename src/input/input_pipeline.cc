@@ -70,7 +70,7 @@ uint64_t IteratorState::total_bytes() const {
   return total;
 }
 
-Result<TensorRegistry> IteratorState::AsRegistry() const {
+Result<TensorRegistry> IteratorState::as_registry() const {
   TensorRegistry registry;
   for (const Entry& entry : entries_) {
     RETURN_IF_ERROR(registry.add(TensorRef{entry.name,
@@ -96,22 +96,17 @@ std::string InputStateFileName(const InputPipelineOptions& options) {
 
 namespace {
 
-// The saver options the input hook's storage and checks share with the model's savers.
-SaverOptions AsSaverOptions(const InputPipelineOptions& options) {
-  SaverOptions saver;
-  saver.checkpoint_dir = options.checkpoint_dir;
-  saver.save_steps = options.save_steps;
-  saver.save_secs = options.save_secs;
+// The saver options the input hook's storage and engine use: the user's, with what the hook
+// decides itself (see InputPipelineOptions::saver). The coordinator stays out: each worker's
+// input checkpoints are written and committed as one process's.
+SaverOptions InputSaverOptions(const InputPipelineOptions& options) {
+  SaverOptions saver = options.saver;
   saver.basename = InputCheckpointBasename(options);
-  saver.max_to_keep = options.max_to_keep;
-  saver.on_error = options.on_error;
-  saver.chunk_bytes = options.chunk_bytes;
+  saver.paired_input_basename.clear();
   saver.num_data_files = 1;
-  saver.compression = options.compression;
-  saver.staging_bytes = options.staging_bytes;
-  saver.force_posix_io = options.force_posix_io;
-  saver.file_system = options.file_system;
-  saver.clock = options.clock;
+  saver.on_busy = OnBusy::kWait;
+  saver.cuda_stream_ordered = false;
+  saver.coordinator = nullptr;
   return saver;
 }
 
@@ -222,7 +217,7 @@ class CheckpointInputPipelineHook::Impl {
     RETURN_IF_ERROR(CheckExternalState());
     state_.clear();
     RETURN_IF_ERROR(iterator_->save(&state_).WithContext("saving the input iterator"));
-    ASSIGN_OR_RETURN(registry_, state_.AsRegistry());
+    ASSIGN_OR_RETURN(registry_, state_.as_registry());
     RETURN_IF_ERROR(EnsureEngine());
     CheckpointMetadata metadata{step,
                                 core_->options().clock(),
@@ -320,9 +315,10 @@ class CheckpointInputPipelineHook::Impl {
 Result<std::unique_ptr<CheckpointInputPipelineHook>> CheckpointInputPipelineHook::Create(
     InputPipelineOptions options, SaveableIterator* iterator) {
   if (iterator == nullptr) return Status::InvalidArgument("the input iterator must not be null");
-  if (options.coordinator != nullptr && options.coordinator->size() > 1) {
-    const int size = options.coordinator->size();
-    const int rank = options.coordinator->rank();
+  Coordinator* const coordinator = options.saver.coordinator;
+  if (coordinator != nullptr && coordinator->size() > 1) {
+    const int size = coordinator->size();
+    const int rank = coordinator->rank();
     if (options.num_workers == 1 && options.task_id == 0) {
       options.num_workers = size;
       options.task_id = rank;
@@ -341,7 +337,7 @@ Result<std::unique_ptr<CheckpointInputPipelineHook>> CheckpointInputPipelineHook
   if (options.num_workers > 1 && options.task_type.empty()) {
     return Status::InvalidArgument("task_type must be set when num_workers > 1");
   }
-  const SaverOptions saver = AsSaverOptions(options);
+  const SaverOptions saver = InputSaverOptions(options);
   if (!options.model_basename.empty()) {
     RETURN_IF_ERROR(ValidateCheckpointName(options.model_basename + "-0")
                         .WithContext("model_basename '" + options.model_basename +
@@ -355,7 +351,7 @@ Result<std::unique_ptr<CheckpointInputPipelineHook>> CheckpointInputPipelineHook
   setup.state_file_name = InputStateFileName(options);
   // Only the schedule is agreed across processes: the saver options themselves carry no
   // coordinator, so each worker's input checkpoints are written and committed as one process's.
-  setup.schedule_coordinator = options.coordinator;
+  setup.schedule_coordinator = coordinator;
   setup.failure_context = "input pipeline checkpoint";
   setup.save_noun = "an input pipeline save";
   if (!options.model_basename.empty()) {

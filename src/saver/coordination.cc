@@ -259,7 +259,7 @@ Result<std::string> AgreeOnJobToken(Coordinator& coordinator,
     w.str(started.ok() ? RandomHex16() : started.message());
     message = w.take();
   }
-  RETURN_IF_ERROR(coordinator.Broadcast(message, 0).WithContext("agreeing on the job token"));
+  RETURN_IF_ERROR(coordinator.broadcast(message, 0).WithContext("agreeing on the job token"));
   Reader r(message);
   uint8_t ok = 0;
   uint32_t code = 0;
@@ -274,9 +274,9 @@ Result<std::string> AgreeOnJobToken(Coordinator& coordinator,
 Result<TensorRegistry> AgreeOnWriters(Coordinator& coordinator, const TensorRegistry& local,
                                       const Status& local_status) {
   const std::vector<uint8_t> mine = EncodeRankStart(local_status, PlacementsOf(local));
-  ASSIGN_OR_RETURN(const std::vector<std::vector<uint8_t>> gathered, coordinator.AllGather(mine));
+  ASSIGN_OR_RETURN(const std::vector<std::vector<uint8_t>> gathered, coordinator.all_gather(mine));
   if (gathered.size() != static_cast<size_t>(coordinator.size())) {
-    return Status::Internal("AllGather returned " + std::to_string(gathered.size()) +
+    return Status::Internal("all_gather returned " + std::to_string(gathered.size()) +
                             " messages for " + std::to_string(coordinator.size()) + " ranks");
   }
   std::vector<std::vector<TensorPlacement>> all(gathered.size());
@@ -296,7 +296,7 @@ Status AgreeOnStatus(Coordinator& coordinator, const Status& local) {
   w.u32(static_cast<uint32_t>(local.code()));
   w.str(local.message());
   ASSIGN_OR_RETURN(const std::vector<std::vector<uint8_t>> gathered,
-                   coordinator.AllGather(w.take()));
+                   coordinator.all_gather(w.take()));
   for (size_t r = 0; r < gathered.size(); ++r) {
     Reader reader(gathered[r]);
     uint32_t code = 0;
@@ -313,7 +313,7 @@ Status AgreeOnStatus(Coordinator& coordinator, const Status& local) {
 
 Result<bool> AgreeOnSaveDue(Coordinator& coordinator, bool due) {
   std::vector<uint8_t> decision{static_cast<uint8_t>(due ? 1 : 0)};
-  RETURN_IF_ERROR(coordinator.Broadcast(decision, 0).WithContext("agreeing on a save_secs save"));
+  RETURN_IF_ERROR(coordinator.broadcast(decision, 0).WithContext("agreeing on a save_secs save"));
   if (decision.size() != 1) return Status::Corruption("rank 0's save decision does not parse");
   return decision[0] != 0;
 }

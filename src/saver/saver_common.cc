@@ -16,6 +16,14 @@
 
 namespace asyncckpt {
 
+Status ValidateQueueDepth(unsigned queue_depth) {
+  if (queue_depth == 0 || queue_depth > kMaxQueueDepth) {
+    return Status::InvalidArgument("queue_depth must be in [1, " + std::to_string(kMaxQueueDepth) +
+                                   "], got " + std::to_string(queue_depth));
+  }
+  return Status::OK();
+}
+
 Status ValidateSaverOptions(const SaverOptions& options) {
   if (options.checkpoint_dir.empty()) {
     return Status::InvalidArgument("checkpoint_dir must be set");
@@ -49,20 +57,24 @@ Status ValidateSaverOptions(const SaverOptions& options) {
   if (!(options.keep_checkpoint_every_n_hours >= 0)) {
     return Status::InvalidArgument("keep_checkpoint_every_n_hours must be >= 0");
   }
-  if (options.chunk_bytes == 0 || options.chunk_bytes > (1ull << 30)) {
-    return Status::InvalidArgument("chunk_bytes must be in [1, 1 GiB], got " +
-                                   std::to_string(options.chunk_bytes));
+  if (options.chunk_bytes < kMinChunkBytes || options.chunk_bytes > kMaxChunkBytes) {
+    return Status::InvalidArgument(
+        "chunk_bytes must be in [" + std::to_string(kMinChunkBytes) + ", " +
+        std::to_string(kMaxChunkBytes) + "] (4 KiB to 1 GiB), got " +
+        std::to_string(options.chunk_bytes) +
+        ": every chunk takes at least one 4 KiB page of pinned staging and, under O_DIRECT, of "
+        "its data file, so smaller chunks would each be padded to 4 KiB");
   }
-  if (options.num_data_files == 0 || options.num_data_files > 4096) {
-    return Status::InvalidArgument("num_data_files must be in [1, 4096], got " +
+  if (options.num_data_files == 0 || options.num_data_files > kMaxNumDataFiles) {
+    return Status::InvalidArgument("num_data_files must be in [1, " +
+                                   std::to_string(kMaxNumDataFiles) + "], got " +
                                    std::to_string(options.num_data_files));
   }
-  if (options.queue_depth == 0 || options.queue_depth > 4096) {
-    return Status::InvalidArgument("queue_depth must be in [1, 4096], got " +
-                                   std::to_string(options.queue_depth));
-  }
-  if (options.background_threads > 1024) {
-    return Status::InvalidArgument("background_threads must be <= 1024");
+  RETURN_IF_ERROR(ValidateQueueDepth(options.queue_depth));
+  if (options.background_threads > kMaxBackgroundThreads) {
+    return Status::InvalidArgument(
+        "background_threads must be <= " + std::to_string(kMaxBackgroundThreads) + ", got " +
+        std::to_string(options.background_threads));
   }
   if (!options.clock) return Status::InvalidArgument("clock must be set");
   if (!(options.coordination_timeout_secs > 0) ||

@@ -28,14 +28,14 @@ class ThreadJob {
     Rank(ThreadJob* job, int rank) : job_(job), rank_(rank) {}
     int rank() const override { return rank_; }
     int size() const override { return job_->size_; }
-    Status Broadcast(std::vector<uint8_t>& bytes, int root) override {
+    Status broadcast(std::vector<uint8_t>& bytes, int root) override {
       if (rank_ == root) job_->slots_[root] = bytes;
       job_->barrier_.arrive_and_wait();
       bytes = job_->slots_[root];
       job_->barrier_.arrive_and_wait();
       return Status::OK();
     }
-    Result<std::vector<std::vector<uint8_t>>> AllGather(std::span<const uint8_t> bytes) override {
+    Result<std::vector<std::vector<uint8_t>>> all_gather(std::span<const uint8_t> bytes) override {
       job_->slots_[rank_].assign(bytes.begin(), bytes.end());
       job_->barrier_.arrive_and_wait();
       std::vector<std::vector<uint8_t>> all = job_->slots_;

@@ -54,7 +54,7 @@ TEST_F(MpiCoordinatorTest, BroadcastFromEveryRootSmallAndLarge) {
       } else {
         bytes.assign(3, 0xee);  // whatever a rank held before is replaced
       }
-      ASSERT_TRUE(coordinator_->Broadcast(bytes, root).ok());
+      ASSERT_TRUE(coordinator_->broadcast(bytes, root).ok());
       ASSERT_EQ(bytes.size(), length) << "root " << root;
       for (size_t i = 0; i < length; ++i) {
         ASSERT_EQ(bytes[i], static_cast<uint8_t>(i * 7 + root)) << "root " << root << " byte " << i;
@@ -65,16 +65,16 @@ TEST_F(MpiCoordinatorTest, BroadcastFromEveryRootSmallAndLarge) {
 
 TEST_F(MpiCoordinatorTest, BroadcastFromARootOutsideTheJobIsInvalid) {
   std::vector<uint8_t> bytes;
-  EXPECT_EQ(coordinator_->Broadcast(bytes, coordinator_->size()).code(),
+  EXPECT_EQ(coordinator_->broadcast(bytes, coordinator_->size()).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(coordinator_->Broadcast(bytes, -1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(coordinator_->broadcast(bytes, -1).code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(MpiCoordinatorTest, AllGatherReturnsEveryRanksBytesInRankOrder) {
   // Rank r sends r * 1000 bytes of value r (rank 0 sends nothing).
   const int rank = coordinator_->rank();
   const std::vector<uint8_t> mine(static_cast<size_t>(rank) * 1000, static_cast<uint8_t>(rank));
-  const Result<std::vector<std::vector<uint8_t>>> gathered = coordinator_->AllGather(mine);
+  const Result<std::vector<std::vector<uint8_t>>> gathered = coordinator_->all_gather(mine);
   ASSERT_TRUE(gathered.ok()) << gathered.status().ToString();
   ASSERT_EQ(gathered->size(), static_cast<size_t>(coordinator_->size()));
   for (size_t r = 0; r < gathered->size(); ++r) {
@@ -90,7 +90,7 @@ TEST_F(MpiCoordinatorTest, ItsCollectivesNeverMatchTheCallersOwn) {
   MPI_Ibcast(&user_value, 1, MPI_INT, 0, MPI_COMM_WORLD, &request);
   std::vector<uint8_t> bytes;
   if (coordinator_->rank() == 0) bytes = {9, 9};
-  ASSERT_TRUE(coordinator_->Broadcast(bytes, 0).ok());
+  ASSERT_TRUE(coordinator_->broadcast(bytes, 0).ok());
   MPI_Wait(&request, MPI_STATUS_IGNORE);
   EXPECT_EQ(user_value, 42);
   EXPECT_THAT(bytes, ElementsAre(9, 9));
@@ -111,7 +111,8 @@ TEST_F(MpiCoordinatorTest, JobTokenIsRankZerosOnEveryRankAndOnlyRankZeroStarts) 
   });
   ASSERT_TRUE(token.ok()) << token.status().ToString();
   EXPECT_EQ(started, coordinator_->rank() == 0 ? 1 : 0);
-  const auto gathered = coordinator_->AllGather(std::vector<uint8_t>(token->begin(), token->end()));
+  const auto gathered =
+      coordinator_->all_gather(std::vector<uint8_t>(token->begin(), token->end()));
   ASSERT_TRUE(gathered.ok());
   for (const auto& other : *gathered) EXPECT_EQ(std::string(other.begin(), other.end()), *token);
 }

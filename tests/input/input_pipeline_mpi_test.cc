@@ -49,18 +49,18 @@ TEST(InputPipelineMpiTest, SaveSecsWithASkewedClockSavesRankZerosStepsOnEveryWor
     ASSERT_NE(mkdtemp(pattern.data()), nullptr);
     path.assign(pattern.begin(), pattern.end());
   }
-  ASSERT_TRUE(coordinator.Broadcast(path, 0).ok());
+  ASSERT_TRUE(coordinator.broadcast(path, 0).ok());
   const std::string dir(path.begin(), path.end());
 
   // Rank 0: one second per step. Every other rank: far ahead and 3.1 times as fast.
   double t = 0;
   InputPipelineOptions options;
-  options.checkpoint_dir = dir;
-  options.save_secs = 5;
-  options.max_to_keep = 0;
-  options.force_posix_io = true;
-  options.coordinator = &coordinator;
-  options.clock = [&t, rank] { return rank == 0 ? t : 9000 + 3.1 * t; };
+  options.saver.checkpoint_dir = dir;
+  options.saver.save_secs = 5;
+  options.saver.max_to_keep = 0;
+  options.saver.force_posix_io = true;
+  options.saver.coordinator = &coordinator;
+  options.saver.clock = [&t, rank] { return rank == 0 ? t : 9000 + 3.1 * t; };
   CounterIterator iterator;
   auto hook = CheckpointInputPipelineHook::Create(options, &iterator);
   ASSERT_TRUE(hook.ok()) << hook.status().ToString();
@@ -89,7 +89,7 @@ TEST(InputPipelineMpiTest, SaveSecsWithASkewedClockSavesRankZerosStepsOnEveryWor
   std::sort(mine.begin(), mine.end());
   EXPECT_THAT(mine, ::testing::ElementsAre(basename + "-0", basename + "-10", basename + "-12",
                                            basename + "-5"));
-  ASSERT_TRUE(coordinator.AllGather({}).ok());  // every rank is done with the directory
+  ASSERT_TRUE(coordinator.all_gather({}).ok());  // every rank is done with the directory
   if (rank == 0) fs::remove_all(dir);
 }
 

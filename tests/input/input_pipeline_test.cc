@@ -167,9 +167,9 @@ class InputPipelineTest : public ::testing::Test {
 
   InputPipelineOptions Options(int64_t save_steps, const std::string& dir = "") const {
     InputPipelineOptions options;
-    options.checkpoint_dir = dir.empty() ? dir_ : dir;
-    options.save_steps = save_steps;
-    options.max_to_keep = 0;
+    options.saver.checkpoint_dir = dir.empty() ? dir_ : dir;
+    options.saver.save_steps = save_steps;
+    options.saver.max_to_keep = 0;
     return options;
   }
 
@@ -285,7 +285,7 @@ TEST_F(InputPipelineTest, NeverTouchesTheModelsStateFileOrCheckpoints) {
   auto input = OpenInput();
   ASSERT_NE(input, nullptr);
   InputPipelineOptions options = Options(2);
-  options.max_to_keep = 1;  // retention deletes input checkpoints: none of the model's
+  options.saver.max_to_keep = 1;  // retention deletes input checkpoints: none of the model's
   auto hook = MakeHook(options, input.get());
   ASSERT_NE(hook, nullptr);
   RunLog log = Run(hook.get(), input.get(), 0, 7);
@@ -559,7 +559,7 @@ TEST_F(InputPipelineTest, WorkersSharingADirectoryKeepTheirCheckpointsApart) {
   std::vector<std::unique_ptr<CheckpointInputPipelineHook>> hooks;
   for (int worker = 0; worker < 2; ++worker) {
     InputPipelineOptions options = Options(3);
-    options.max_to_keep = 2;
+    options.saver.max_to_keep = 2;
     options.num_workers = 2;
     options.task_id = worker;
     inputs.push_back(OpenInput());
@@ -606,7 +606,7 @@ TEST_F(InputPipelineTest, ShuffleBufferSpanningManyChunksRoundTrips) {
   constexpr size_t kShuffle = 512;
   const std::map<int64_t, Batch> straight = Straight(0, 60, kShuffle, 16);
   InputPipelineOptions options = Options(10);
-  options.chunk_bytes = 4096;
+  options.saver.chunk_bytes = 4096;
   {
     auto input = OpenInput(kShuffle);
     ASSERT_NE(input, nullptr);
@@ -714,7 +714,7 @@ TEST_F(InputPipelineTest, TheInitialStateIsDurableBeforeTheFirstStepRuns) {
   auto input = OpenInput();
   ASSERT_NE(input, nullptr);
   InputPipelineOptions options = Options(1);
-  options.file_system = &slow;
+  options.saver.file_system = &slow;
   auto hook = MakeHook(options, input.get());
   ASSERT_NE(hook, nullptr);
   auto session = SingularMonitoredSession::Create({hook.get()}, 0);
@@ -737,7 +737,7 @@ TEST_F(InputPipelineTest, BackgroundSaveFailureStopsTheLoopAndEndReturnsIt) {
   auto input = OpenInput();
   ASSERT_NE(input, nullptr);
   InputPipelineOptions options = Options(2);
-  options.file_system = faults.get();
+  options.saver.file_system = faults.get();
   auto hook = MakeHook(options, input.get());
   ASSERT_NE(hook, nullptr);
   auto session = SingularMonitoredSession::Create({hook.get()}, 0);
@@ -766,8 +766,8 @@ TEST_F(InputPipelineTest, BackgroundSaveFailureWithOnErrorContinueIsCountedAndTr
   auto input = OpenInput();
   ASSERT_NE(input, nullptr);
   InputPipelineOptions options = Options(2);
-  options.on_error = OnError::kContinue;
-  options.file_system = faults.get();
+  options.saver.on_error = OnError::kContinue;
+  options.saver.file_system = faults.get();
   auto hook = MakeHook(options, input.get());
   ASSERT_NE(hook, nullptr);
   LogCapture log;
@@ -875,10 +875,10 @@ TEST_F(InputPipelineTest, CreateRejectsBadOptionsNamingThem) {
     EXPECT_NE(hook.status().message().find(named), std::string::npos) << hook.status().message();
   };
   InputPipelineOptions both = Options(5);
-  both.save_secs = 10;
+  both.saver.save_secs = 10;
   expect_invalid(both, "save_secs", &it);
   InputPipelineOptions neither = Options(5);
-  neither.save_steps.reset();
+  neither.saver.save_steps.reset();
   expect_invalid(neither, "save_steps", &it);
   InputPipelineOptions zero = Options(0);
   expect_invalid(zero, "save_steps", &it);
@@ -902,18 +902,18 @@ TEST_F(InputPipelineTest, CreateRejectsBadOptionsNamingThem) {
   expect_invalid(slash, "basename", &it);
   expect_invalid(Options(5, "/"), "iterator", nullptr);
   InputPipelineOptions no_dir = Options(5);
-  no_dir.checkpoint_dir.clear();
+  no_dir.saver.checkpoint_dir.clear();
   expect_invalid(no_dir, "checkpoint_dir", &it);
   InputPipelineOptions keep = Options(5);
-  keep.max_to_keep = -1;
+  keep.saver.max_to_keep = -1;
   expect_invalid(keep, "max_to_keep", &it);
   InputPipelineOptions chunk = Options(5);
-  chunk.chunk_bytes = 0;
+  chunk.saver.chunk_bytes = 0;
   expect_invalid(chunk, "chunk_bytes", &it);
   // save_secs alone is fine.
   InputPipelineOptions secs = Options(5);
-  secs.save_steps.reset();
-  secs.save_secs = 30;
+  secs.saver.save_steps.reset();
+  secs.saver.save_secs = 30;
   EXPECT_TRUE(CheckpointInputPipelineHook::Create(secs, &it).ok());
 }
 
@@ -933,7 +933,7 @@ TEST(IteratorStateTest, PutAndGetCheckNamesSizesAndTypes) {
   EXPECT_EQ(state.get_i64("b", 5).status().code(), StatusCode::kCorruption);
   EXPECT_EQ(state.get("missing").status().code(), StatusCode::kNotFound);
   EXPECT_EQ(state.total_bytes(), 24u + 5u);
-  auto registry = state.AsRegistry();
+  auto registry = state.as_registry();
   ASSERT_TRUE(registry.ok());
   EXPECT_EQ(registry->size(), 2u);
   state.clear();

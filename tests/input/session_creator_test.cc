@@ -144,9 +144,9 @@ class SessionCreatorTest : public ::testing::Test {
   void SaveInput(int64_t last, int64_t save_steps) {
     CounterIterator iterator;
     InputPipelineOptions options;
-    options.checkpoint_dir = dir_;
-    options.save_steps = save_steps;
-    options.max_to_keep = 0;
+    options.saver.checkpoint_dir = dir_;
+    options.saver.save_steps = save_steps;
+    options.saver.max_to_keep = 0;
     auto hook = CheckpointInputPipelineHook::Create(options, &iterator);
     ASSERT_TRUE(hook.ok()) << hook.status().ToString();
     auto session = SingularMonitoredSession::Create({hook->get()}, 0);
@@ -480,9 +480,9 @@ TEST_F(SessionCreatorTest, APreemptedJobResumesModelAndInputOfOneStep) {
   auto model_hook = CheckpointSaverHook::Create(model_options, &registry_);
   ASSERT_TRUE(model_hook.ok());
   InputPipelineOptions input_options;
-  input_options.checkpoint_dir = dir_;
-  input_options.save_steps = 3;
-  input_options.max_to_keep = 0;
+  input_options.saver.checkpoint_dir = dir_;
+  input_options.saver.save_steps = 3;
+  input_options.saver.max_to_keep = 0;
   auto input_hook = CheckpointInputPipelineHook::Create(input_options, &iterator);
   ASSERT_TRUE(input_hook.ok());
   auto creator = MakeCreator(Options());

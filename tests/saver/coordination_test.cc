@@ -153,11 +153,11 @@ TEST(SingleProcessCoordinatorTest, IsRankZeroOfOneAndItsCollectivesAreCopies) {
   EXPECT_EQ(c->rank(), 0);
   EXPECT_EQ(c->size(), 1);
   std::vector<uint8_t> bytes{1, 2, 3};
-  EXPECT_TRUE(c->Broadcast(bytes, 0).ok());
+  EXPECT_TRUE(c->broadcast(bytes, 0).ok());
   EXPECT_THAT(bytes, ElementsAre(1, 2, 3));
-  EXPECT_EQ(c->Broadcast(bytes, 1).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->broadcast(bytes, 1).code(), StatusCode::kInvalidArgument);
   const std::vector<uint8_t> mine{7, 8};
-  const auto gathered = c->AllGather(mine);
+  const auto gathered = c->all_gather(mine);
   ASSERT_TRUE(gathered.ok());
   EXPECT_THAT(*gathered, ElementsAre(ElementsAre(7, 8)));
 }
@@ -222,8 +222,8 @@ class TwoRanks final : public Coordinator {
  public:
   int rank() const override { return 1; }
   int size() const override { return 2; }
-  Status Broadcast(std::vector<uint8_t>&, int) override { return Status::Internal("unused"); }
-  Result<std::vector<std::vector<uint8_t>>> AllGather(std::span<const uint8_t>) override {
+  Status broadcast(std::vector<uint8_t>&, int) override { return Status::Internal("unused"); }
+  Result<std::vector<std::vector<uint8_t>>> all_gather(std::span<const uint8_t>) override {
     return Status::Internal("unused");
   }
 };

@@ -129,12 +129,12 @@ class DiskFullTest : public ::testing::Test {
     EXPECT_TRUE(model_hook.ok()) << model_hook.status().ToString();
 
     InputPipelineOptions input_options;
-    input_options.checkpoint_dir = dir;
-    input_options.save_steps = kSaveSteps;
-    input_options.max_to_keep = 2;
-    input_options.on_error = OnError::kContinue;
-    input_options.chunk_bytes = 4096;
-    input_options.file_system = file_system;
+    input_options.saver.checkpoint_dir = dir;
+    input_options.saver.save_steps = kSaveSteps;
+    input_options.saver.max_to_keep = 2;
+    input_options.saver.on_error = OnError::kContinue;
+    input_options.saver.chunk_bytes = 4096;
+    input_options.saver.file_system = file_system;
     auto input_hook = CheckpointInputPipelineHook::Create(input_options, input->get());
     EXPECT_TRUE(input_hook.ok()) << input_hook.status().ToString();
 

@@ -247,12 +247,12 @@ class FaultSweepTest : public ::testing::TestWithParam<std::tuple<HookKind, Back
 
   InputPipelineOptions InputOptions(const std::string& dir, io::FileSystem* file_system) const {
     InputPipelineOptions options;
-    options.checkpoint_dir = dir;
-    options.save_steps = 1;
-    options.max_to_keep = 1;
+    options.saver.checkpoint_dir = dir;
+    options.saver.save_steps = 1;
+    options.saver.max_to_keep = 1;
     options.model_basename = "";  // unpaired: the sweep is about one saver's own names
-    options.chunk_bytes = 4096;
-    options.file_system = file_system;
+    options.saver.chunk_bytes = 4096;
+    options.saver.file_system = file_system;
     return options;
   }
 

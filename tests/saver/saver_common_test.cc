@@ -369,8 +369,8 @@ TEST_F(SaverStorageTest, InputHookRefusesToPairWithItself) {
     Status restore(const IteratorState&) override { return Status::OK(); }
   } iterator;
   InputPipelineOptions options;
-  options.checkpoint_dir = dir_;
-  options.save_steps = 1;
+  options.saver.checkpoint_dir = dir_;
+  options.saver.save_steps = 1;
   ASSERT_EQ(options.model_basename, kModel);  // paired with the model by default
   EXPECT_TRUE(CheckpointInputPipelineHook::Create(options, &iterator).ok());
   options.model_basename = kInput;

@@ -167,8 +167,8 @@ TEST_F(SaverLockTest, ModelAndInputHooksOfOneJobShareTheDirectory) {
   auto model = AsyncHook(Options());
   CountingIterator iterator;
   InputPipelineOptions input_options;
-  input_options.checkpoint_dir = dir_;
-  input_options.save_steps = 1;
+  input_options.saver.checkpoint_dir = dir_;
+  input_options.saver.save_steps = 1;
   auto input = CheckpointInputPipelineHook::Create(input_options, &iterator);
   ASSERT_TRUE(input.ok()) << input.status().ToString();
   auto session = SingularMonitoredSession::Create({model.get(), input->get()});

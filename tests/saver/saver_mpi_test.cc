@@ -65,14 +65,14 @@ class SaverMpiTest : public ::testing::TestWithParam<bool> {
       ASSERT_NE(mkdtemp(pattern.data()), nullptr);
       path.assign(pattern.begin(), pattern.end());
     }
-    ASSERT_TRUE(coordinator_->Broadcast(path, 0).ok());
+    ASSERT_TRUE(coordinator_->broadcast(path, 0).ok());
     job_dir_ = std::string(path.begin(), path.end());
   }
 
   void TearDown() override {
     if (coordinator_ == nullptr) return;
     // Every rank is done with the directory before rank 0 removes it.
-    ASSERT_TRUE(coordinator_->AllGather({}).ok());
+    ASSERT_TRUE(coordinator_->all_gather({}).ok());
     if (rank_ == 0) fs::remove_all(job_dir_);
   }
 
@@ -102,7 +102,7 @@ class SaverMpiTest : public ::testing::TestWithParam<bool> {
   std::vector<std::vector<int64_t>> GatherSteps(const std::vector<int64_t>& steps) {
     const auto* bytes = reinterpret_cast<const uint8_t*>(steps.data());
     Result<std::vector<std::vector<uint8_t>>> gathered =
-        coordinator_->AllGather({bytes, steps.size() * sizeof(int64_t)});
+        coordinator_->all_gather({bytes, steps.size() * sizeof(int64_t)});
     EXPECT_TRUE(gathered.ok()) << gathered.status().ToString();
     std::vector<std::vector<int64_t>> all;
     if (!gathered.ok()) return all;
