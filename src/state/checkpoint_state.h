@@ -1,150 +1,33 @@
 #pragma once
 
-// The `checkpoint` state file, the atomic commit of a checkpoint directory, and retention.
+// CheckpointManager: keeps the `checkpoint` state file and the retained checkpoints of one saver
+// (TensorFlow Saver's retention rules, pins, crash-safe deletion), and cleans up at start-up.
+// It ties together the pieces of src/state, whose headers it includes for its callers:
+// checkpoint_names.h (names and paths), state_file.h (the state file), durable_directory.h
+// (CommitDirectory, RemoveDirectoryDurably) and checkpoint_validator.h (what is complete).
 //
 // Internal to the library: the public face is include/asyncckpt/state.h. Every file access goes
 // through an io::FileSystem so that tests can put faults in its way.
-//
-// Names are data, never paths: a checkpoint name ("model.ckpt-1000") is a single entry of the
-// checkpoint directory. A name that is empty, contains '/', contains "..", or holds a byte that
-// would need quoting in the text form ('"', '\\', control bytes) is refused everywhere.
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <set>
 #include <string>
-#include <string_view>
-#include <utility>
 #include <vector>
 
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/state.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/timer.h"
+#include "src/state/checkpoint_names.h"
+#include "src/state/checkpoint_validator.h"
+#include "src/state/durable_directory.h"
+#include "src/state/state_file.h"
 
 namespace asyncckpt {
-
-/// The largest state file that is read; a larger one is Corruption (a hostile or wrong file).
-inline constexpr uint64_t kMaxCheckpointStateFileBytes = uint64_t{16} << 20;
-
-/// "a FIFO", "a directory", "missing", ...: what an entry is, for messages such as
-/// "<path> is a FIFO, not a regular file".
-std::string DescribeEntryType(io::EntryType type);
-
-/// OK when `name` may name an entry of a checkpoint directory, else InvalidArgument saying why.
-Status ValidateCheckpointName(std::string_view name);
-
-/// `dir` + "/" + `name` (no doubled separator; just `name` when dir is empty).
-std::string JoinCheckpointPath(const std::string& dir, const std::string& name);
-
-/// The text form of `state` (TensorFlow's CheckpointState text proto), fields in proto order,
-/// timestamps with enough digits to round-trip. The state must pass ValidateCheckpointState.
-std::string SerializeCheckpointState(const CheckpointState& state);
-
-/// OK when `state` can be written and read back: valid names, no duplicates, the model path last
-/// in the list (or the list empty), timestamps empty or one per path, all finite.
-/// InvalidArgument otherwise.
-Status ValidateCheckpointState(const CheckpointState& state);
-
-/// Parses the text form. Tolerates any field order and blank lines; anything else that is not
-/// well formed (unknown or repeated field, bad quoting, a non-numeric timestamp, a bad name, a
-/// duplicate, timestamps not one per path, the model path not last) is Corruption with a message
-/// "<source>:<line>: <what>". A list with no timestamps gets timestamps of 0 (as TensorFlow); an
-/// empty list with a model path set becomes [model path].
-Result<CheckpointState> ParseCheckpointState(std::string_view text, const std::string& source);
-
-/// Reads and parses `dir`/`state_file_name`. NotFound when it does not exist, Corruption when it
-/// is larger than kMaxCheckpointStateFileBytes or does not parse, IOError when it cannot be read.
-Result<CheckpointState> ReadCheckpointState(io::FileSystem& fs, const std::string& dir,
-                                            const std::string& state_file_name);
-
-/// Replaces `dir`/`state_file_name` atomically: writes "<state_file_name>.tmp-<random>", syncs
-/// it, renames it over the state file, syncs `dir`. After a failure the previous state file is
-/// intact (the temporary is removed when possible; CheckpointManager::Start removes what a
-/// crash leaves). InvalidArgument when the state fails ValidateCheckpointState.
-Status WriteCheckpointState(io::FileSystem& fs, const std::string& dir,
-                            const CheckpointState& state,
-                            const std::string& state_file_name = kCheckpointStateFileName);
-
-/// "<final_name>.tmp-<16 random hex digits>": where a checkpoint is written before its commit.
-std::string TempDirName(const std::string& final_name);
-
-/// "<name>.deleting-<16 random hex digits>": where a checkpoint directory is moved, out of the
-/// committed namespace, before its files are removed.
-std::string DeletingDirName(const std::string& name);
-
-/// The step of `name` when it is exactly "<basename>-<step>" as format::CheckpointDirName
-/// writes it (decimal digits, no sign, no leading zero, fits int64); nullopt otherwise.
-std::optional<int64_t> CheckpointStep(std::string_view name, std::string_view basename);
-
-/// Removes the directory `parent`/`name` so that a crash never leaves it half deleted under
-/// `name`: renames it to DeletingDirName(name) (atomic), syncs `parent` (the new name is
-/// durable), and only then removes the renamed tree. A crash at any point leaves `name` whole,
-/// or a ".deleting-" directory that CheckpointManager::Start removes. The caller has checked
-/// that `name` is a real directory it may delete. A failure to rename or sync leaves `name`
-/// whole; a failure of the removal leaves the ".deleting-" name. Returns the first failure.
-Status RemoveDirectoryDurably(io::FileSystem& fs, const std::string& parent,
-                              const std::string& name);
-
-/// Makes `parent`/`tmp_name` (a fully written and synced checkpoint directory) visible as
-/// `parent`/`final_name`, durably.
-///
-/// Crash consistency. The contract is: at every instant, `final_name` is either absent, the old
-/// complete checkpoint, or the new complete checkpoint, and once this returns OK the new one
-/// survives a crash. It rests on three facts: rename(2) and renameat2(RENAME_EXCHANGE) are
-/// atomic with respect to crashes for the names they touch; a directory's entries are durable
-/// only after fsync of that directory; and the data files inside the new checkpoint were already
-/// synced by the writer. The steps:
-///
-///  1. sync_dir(tmp): the entries of the new directory (its data files and index) are durable,
-///     so after the rename below nobody can see the name with missing files.
-///  2a. `final_name` absent (the normal case): rename(tmp, final). A crash before it leaves only
-///      the temporary, which CheckpointManager::Start deletes at the next start; a crash after
-///      it leaves the complete new checkpoint (or, before step 3, possibly the temporary again).
-///  2b. `final_name` present (a re-save of the same step after a resume): exchange(tmp, final)
-///      swaps the two names in one atomic step, so `final_name` is never missing. The old copy
-///      is now at the temporary name; it is renamed on to DeletingDirName(final) (a failure of
-///      that rename leaves it at the temporary name, just as disposable).
-///  2c. exchange unsupported (ENOSYS, EINVAL, EOPNOTSUPP: old kernel, or a file system without
-///      RENAME_EXCHANGE): rename(final, DeletingDirName(final)), then rename(tmp, final).
-///      Between the two renames `final_name` is missing; a crash there leaves a ".deleting-" and
-///      a ".tmp-" directory (both deleted at the next start) and a state file naming a missing
-///      directory, which CheckpointManager::Start drops and LatestCheckpoint reports as NotFound.
-///      Earlier checkpoints are untouched. If the second rename fails the old copy is renamed
-///      back.
-///  3. sync_dir(parent): the new name is durable, and so is the old copy's ".deleting-" name.
-///     Only then is the old copy (2b, 2c) removed: removing its files before the swap is durable
-///     could, after a crash, leave `final_name` pointing at the old directory with its files
-///     already gone.
-///  4. remove_tree(old copy). A failure here is logged, not returned: the new checkpoint is
-///     committed, and the leftover is out of the committed namespace; start-up deletes it.
-///
-/// InvalidArgument for a bad name; otherwise the first failing step's error (with the paths).
-Status CommitDirectory(io::FileSystem& fs, const std::string& parent, const std::string& tmp_name,
-                       const std::string& final_name);
-
-/// What a complete checkpoint says about itself.
-struct ValidCheckpoint {
-  /// Its commit time (seconds since the epoch), from its metadata.
-  double wall_time = 0;
-};
-
-/// Decides whether the directory at `checkpoint_path` is a complete checkpoint. OK with what it
-/// holds; NotFound or Corruption when it is incomplete or damaged (start-up may remove it); any
-/// other code when it cannot tell (an I/O error, another format version): such a directory is
-/// never removed. Called with the manager's lock held, from the thread calling the manager.
-using CheckpointValidator =
-    std::function<Result<ValidCheckpoint>(const std::string& checkpoint_path)>;
-
-/// The validator a manager uses when given none: complete when the directory holds a regular
-/// file named "index" (wall time 0). The savers inject one that decodes the index and checks
-/// every chunk against its data files (src/saver/saver_common.h).
-Result<ValidCheckpoint> IndexFileExists(io::FileSystem& fs, const std::string& checkpoint_path);
 
 /// Another saver's checkpoints in the same directory that retention keeps in step with this
 /// one's: the model's and the input pipeline's checkpoints of one job.
@@ -229,6 +112,8 @@ struct StartupReport {
 /// Thread-safe: every method takes an internal mutex. Deletions run under it, so Pin may wait
 /// for a retention deletion in progress (and then the caller finds the directory gone rather
 /// than half deleted). The file system must outlive the manager.
+///
+/// Defined in two files: startup_pass.cc (Start) and checkpoint_state.cc (everything else).
 class CheckpointManager {
  public:
   /// `fs` is not owned. `clock` is read here only, when keep_checkpoint_every_n_hours is set.
@@ -329,18 +214,4 @@ class CheckpointManager {
   std::set<int64_t> partner_steps_;             // at the last good read of the partner's state file
   std::atomic<int64_t> retention_failures_{0};  // read without mu_: a deletion may hold it long
 };
-
-/// The steps of the committed checkpoints "<basename>-<step>" in `dir`, ascending (the engine
-/// of CommittedCheckpointSteps, with an injected validator). From the state file when it is
-/// healthy: it parses and names at least one checkpoint of `basename`, and each one it names is
-/// a real directory that `validator` finds complete (names of other forms are ignored).
-/// Otherwise from the directory: every "<basename>-<step>" real directory that `validator`
-/// finds complete; a scan that finds any is logged with what was wrong with the state file.
-/// A missing `dir` has none. IOError when `dir` cannot be listed, the state file exists but
-/// cannot be read, or a named checkpoint cannot be validated.
-Result<std::vector<int64_t>> ListCommittedSteps(io::FileSystem& fs, const std::string& dir,
-                                                const std::string& basename,
-                                                const std::string& state_file_name,
-                                                const CheckpointValidator& validator);
-
 }  // namespace asyncckpt

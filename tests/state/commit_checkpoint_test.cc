@@ -1,3 +1,6 @@
+// Tests of src/state/commit_checkpoint.cc: the tail of a save commits and records the checkpoint,
+// or leaves nothing visible when a step before the commit fails.
+
 #include "src/state/commit_checkpoint.h"
 
 #include <gtest/gtest.h>

@@ -1,0 +1,63 @@
+#pragma once
+
+// Names and paths of the entries of a checkpoint directory: which names are allowed, the step in
+// "<basename>-<step>", and the ".tmp-" and ".deleting-" names a save or a deletion passes
+// through.
+//
+// Names are data, never paths: a checkpoint name ("model.ckpt-1000") is a single entry of the
+// checkpoint directory. A name that is empty, contains '/', contains "..", or holds a byte that
+// would need quoting in the text form ('"', '\\', control bytes) is refused everywhere.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "asyncckpt/file_system.h"
+#include "asyncckpt/status.h"
+
+namespace asyncckpt {
+
+/// "a FIFO", "a directory", "missing", ...: what an entry is, for messages such as
+/// "<path> is a FIFO, not a regular file".
+std::string DescribeEntryType(io::EntryType type);
+
+/// OK when `name` may name an entry of a checkpoint directory, else InvalidArgument saying why.
+Status ValidateCheckpointName(std::string_view name);
+
+/// `dir` + "/" + `name` (no doubled separator; just `name` when dir is empty).
+std::string JoinCheckpointPath(const std::string& dir, const std::string& name);
+
+/// "<final_name>.tmp-<16 random hex digits>": where a checkpoint is written before its commit.
+std::string TempDirName(const std::string& final_name);
+
+/// "<name>.deleting-<16 random hex digits>": where a checkpoint directory is moved, out of the
+/// committed namespace, before its files are removed.
+std::string DeletingDirName(const std::string& name);
+
+/// The step of `name` when it is exactly "<basename>-<step>" as format::CheckpointDirName
+/// writes it (decimal digits, no sign, no leading zero, fits int64); nullopt otherwise.
+std::optional<int64_t> CheckpointStep(std::string_view name, std::string_view basename);
+
+// Shared with the state file's parser and the start-up pass (src/state); not for other callers.
+namespace state_internal {
+
+/// The infix of a temporary: "<name>.tmp-<hex>".
+inline constexpr std::string_view kTmpInfix = ".tmp-";
+/// The infix of a directory on its way out: "<name>.deleting-<hex>".
+inline constexpr std::string_view kDeletingInfix = ".deleting-";
+
+/// True for '0' to '9'.
+bool IsDecimalDigit(char c);
+
+/// True when `s` is not empty and `pred` holds for each of its bytes.
+bool AllOf(std::string_view s, bool (*pred)(char));
+
+/// True when `name` is "<prefix><infix><hex>".
+bool IsMarkedOf(std::string_view name, std::string_view prefix, std::string_view infix);
+
+/// Why a name cannot be a directory entry, or empty when it can.
+std::string NameProblem(std::string_view name);
+
+}  // namespace state_internal
+}  // namespace asyncckpt

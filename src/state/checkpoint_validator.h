@@ -1,0 +1,62 @@
+#pragma once
+
+// Which checkpoint directories are complete: the validator a CheckpointManager consults, its
+// default (IndexFileExists), what its answer means (Classify), and the committed steps a reader
+// may trust (ListCommittedSteps), which applies a validator to the state file's list or, when
+// that list is broken, to the directory.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "asyncckpt/file_system.h"
+#include "asyncckpt/status.h"
+
+namespace asyncckpt {
+
+/// What a complete checkpoint says about itself.
+struct ValidCheckpoint {
+  /// Its commit time (seconds since the epoch), from its metadata.
+  double wall_time = 0;
+};
+
+/// Decides whether the directory at `checkpoint_path` is a complete checkpoint. OK with what it
+/// holds; NotFound or Corruption when it is incomplete or damaged (start-up may remove it); any
+/// other code when it cannot tell (an I/O error, another format version): such a directory is
+/// never removed. Called with the manager's lock held, from the thread calling the manager.
+using CheckpointValidator =
+    std::function<Result<ValidCheckpoint>(const std::string& checkpoint_path)>;
+
+/// The validator a manager uses when given none: complete when the directory holds a regular
+/// file named "index" (wall time 0). The savers inject one that decodes the index and checks
+/// every chunk against its data files (src/saver/saver_common.h).
+Result<ValidCheckpoint> IndexFileExists(io::FileSystem& fs, const std::string& checkpoint_path);
+
+// Shared with the start-up pass (src/state); not for other callers.
+namespace state_internal {
+
+/// What a validator's answer means for a directory: complete, known to be incomplete (it may be
+/// removed), or unknown (an I/O error, another format version: never removed).
+enum class Verdict { kComplete, kIncomplete, kUnknown };
+
+/// The Verdict of a validator's status: OK is complete, NotFound and Corruption incomplete,
+/// anything else unknown.
+Verdict Classify(const Status& status);
+
+}  // namespace state_internal
+
+/// The steps of the committed checkpoints "<basename>-<step>" in `dir`, ascending (the engine
+/// of CommittedCheckpointSteps, with an injected validator). From the state file when it is
+/// healthy: it parses and names at least one checkpoint of `basename`, and each one it names is
+/// a real directory that `validator` finds complete (names of other forms are ignored).
+/// Otherwise from the directory: every "<basename>-<step>" real directory that `validator`
+/// finds complete; a scan that finds any is logged with what was wrong with the state file.
+/// A missing `dir` has none. IOError when `dir` cannot be listed, the state file exists but
+/// cannot be read, or a named checkpoint cannot be validated.
+Result<std::vector<int64_t>> ListCommittedSteps(io::FileSystem& fs, const std::string& dir,
+                                                const std::string& basename,
+                                                const std::string& state_file_name,
+                                                const CheckpointValidator& validator);
+
+}  // namespace asyncckpt

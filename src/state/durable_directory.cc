@@ -1,0 +1,87 @@
+// CommitDirectory and RemoveDirectoryDurably (see durable_directory.h for the contract).
+
+#include "src/state/durable_directory.h"
+
+#include <cerrno>
+
+#include "src/state/checkpoint_names.h"
+#include "src/util/io_status.h"
+#include "src/util/log.h"
+#include "src/util/status_macros.h"
+
+namespace asyncckpt {
+namespace {
+
+bool IsExchangeUnsupported(const io::IoStatus& status) {
+  const int e = status.error_number();
+  return e == ENOSYS || e == EINVAL || e == EOPNOTSUPP;
+}
+
+// The fallback of CommitDirectory where RENAME_EXCHANGE is unsupported; on success *old_path is
+// where the previous copy now lives.
+Status ReplaceByTwoRenames(io::FileSystem& fs, const std::string& parent,
+                           const std::string& tmp_path, const std::string& final_path,
+                           const std::string& final_name, std::string* old_path) {
+  *old_path = JoinCheckpointPath(parent, DeletingDirName(final_name));
+  RETURN_IF_ERROR(ToStatus(fs.rename(final_path, *old_path)));
+  const io::IoStatus moved = fs.rename(tmp_path, final_path);
+  if (!moved.ok()) {
+    const io::IoStatus restored = fs.rename(*old_path, final_path);
+    if (!restored.ok()) {
+      LogLine("could not put " + final_path + " back from " + *old_path + ": " +
+              restored.message());
+    }
+    return ToStatus(moved);
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status RemoveDirectoryDurably(io::FileSystem& fs, const std::string& parent,
+                              const std::string& name) {
+  RETURN_IF_ERROR(ValidateCheckpointName(name));
+  const std::string path = JoinCheckpointPath(parent, name);
+  const std::string doomed = JoinCheckpointPath(parent, DeletingDirName(name));
+  RETURN_IF_ERROR(ToStatus(fs.rename(path, doomed)));
+  // Until the rename is durable a crash may bring `name` back, so its files must stay whole.
+  RETURN_IF_ERROR(ToStatus(fs.sync_dir(parent.empty() ? "." : parent)));
+  return ToStatus(fs.remove_tree(doomed));
+}
+
+Status CommitDirectory(io::FileSystem& fs, const std::string& parent, const std::string& tmp_name,
+                       const std::string& final_name) {
+  RETURN_IF_ERROR(ValidateCheckpointName(tmp_name));
+  RETURN_IF_ERROR(ValidateCheckpointName(final_name));
+  const std::string tmp_path = JoinCheckpointPath(parent, tmp_name);
+  const std::string final_path = JoinCheckpointPath(parent, final_name);
+  RETURN_IF_ERROR(ToStatus(fs.sync_dir(tmp_path)));
+  bool exists = false;
+  bool is_dir = false;
+  RETURN_IF_ERROR(ToStatus(fs.stat(final_path, &exists, &is_dir)));
+  std::string old_path;  // where the previous copy lives once replaced
+  if (!exists) {
+    RETURN_IF_ERROR(ToStatus(fs.rename(tmp_path, final_path)));
+  } else {
+    const io::IoStatus swapped = fs.exchange(tmp_path, final_path);
+    if (swapped.ok()) {
+      old_path = JoinCheckpointPath(parent, DeletingDirName(final_name));
+      if (!fs.rename(tmp_path, old_path).ok()) old_path = tmp_path;  // as disposable there
+    } else if (IsExchangeUnsupported(swapped)) {
+      RETURN_IF_ERROR(ReplaceByTwoRenames(fs, parent, tmp_path, final_path, final_name, &old_path));
+    } else {
+      return ToStatus(swapped);
+    }
+  }
+  RETURN_IF_ERROR(ToStatus(fs.sync_dir(parent.empty() ? "." : parent)));
+  if (!old_path.empty()) {
+    const io::IoStatus removed = fs.remove_tree(old_path);
+    if (!removed.ok()) {
+      LogLine("committed " + final_path + " but could not remove its previous copy (the next " +
+              "start removes it): " + removed.message());
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace asyncckpt

@@ -1,0 +1,100 @@
+#pragma once
+
+// The start-up pass of a CheckpointManager: recovery and garbage collection after a crash, and
+// the rebuilt list of retained checkpoints. CheckpointManager::Start (defined in startup_pass.cc)
+// runs it; its contract is on Start, in checkpoint_state.h.
+
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "asyncckpt/file_system.h"
+#include "asyncckpt/status.h"
+#include "src/state/checkpoint_state.h"
+
+namespace asyncckpt::state_internal {
+
+// One checkpoint of the manager's list while start-up rebuilds it.
+struct Listed {
+  std::string name;
+  int64_t step = 0;
+  double timestamp = 0;
+};
+
+// CheckpointManager::Start's work, step by step (see its contract). It removes leftovers and
+// unlisted debris as it goes; the listed checkpoints that turn out incomplete are only
+// collected, because the state file on disk still names them until the caller rewrites it.
+class StartupPass {
+ public:
+  StartupPass(io::FileSystem& fs, const CheckpointManagerOptions& options,
+              const CheckpointValidator& validator, StartupReport* report)
+      : fs_(fs), options_(options), validator_(validator), report_(*report) {}
+
+  // Does the work; an error only when the directory cannot be listed or the state file read.
+  Status Run();
+
+  // The list after start-up, oldest first.
+  const std::vector<Listed>& list() const { return list_; }
+  double last_preserved_timestamp() const { return last_preserved_; }
+  // True when the state file must be rewritten to say what list() says.
+  bool changed() const {
+    return !report_.dropped.empty() || !report_.relisted.empty() ||
+           (!state_parsed_ && !list_.empty());
+  }
+  // Listed in the old state file but incomplete: removed once the new one is written.
+  const std::vector<std::string>& listed_incomplete() const { return listed_incomplete_; }
+  // Why the state file could not be trusted, or empty.
+  const std::string& state_problem() const { return state_problem_; }
+  // True when there was a state file, usable or not.
+  bool state_file_present() const { return state_file_present_; }
+
+ private:
+  std::string Path(const std::string& name) const {
+    return JoinCheckpointPath(options_.checkpoint_dir, name);
+  }
+
+  void Fail(const std::string& what);
+
+  Result<ValidCheckpoint> Validate(const std::string& name) const;
+
+  // A half-written save, an old copy of a re-save, an interrupted deletion, a state-file
+  // temporary: never anything of value.
+  bool IsLeftover(const std::string& name, bool* is_directory_kind) const;
+
+  void RemoveLeftovers(const std::vector<std::string>& names);
+
+  void Drop(const std::string& name, const std::string& why);
+
+  Status LoadStateFile();
+
+  void LoadListed(const std::string& name, double timestamp);
+
+  // Every unlisted "<basename>-<step>" real directory: complete ones are collected, incomplete
+  // ones removed, undecidable ones left alone.
+  void CollectUnlisted(const std::vector<std::string>& names);
+
+  void Remove(const std::string& name, const std::string& what);
+
+  // The partner's steps: from its state file, else from the directories a listing shows.
+  // Over-counting only keeps more (at most max_to_keep pairs), so no validation is needed.
+  std::set<int64_t> PartnerSteps() const;
+
+  void RelistOrRemoveUnlisted();
+
+  io::FileSystem& fs_;
+  const CheckpointManagerOptions& options_;
+  const CheckpointValidator& validator_;
+  StartupReport& report_;
+
+  bool state_file_present_ = false;
+  bool state_parsed_ = false;
+  std::string state_problem_;
+  double last_preserved_ = 0;
+  std::vector<Listed> list_;
+  std::set<std::string> listed_names_;
+  std::vector<std::string> listed_incomplete_;
+  std::vector<Listed> unlisted_complete_;
+};
+
+}  // namespace asyncckpt::state_internal

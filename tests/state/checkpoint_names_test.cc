@@ -1,0 +1,47 @@
+// Tests of src/state/checkpoint_names.cc: the names a save and a deletion pass through, and the
+// step of a name.
+
+#include "src/state/checkpoint_names.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+namespace asyncckpt {
+namespace {
+
+TEST(TempDirNameTest, AppendsSixteenRandomHexDigits) {
+  const std::string a = TempDirName("model.ckpt-10");
+  const std::string b = TempDirName("model.ckpt-10");
+  const std::string prefix = "model.ckpt-10.tmp-";
+  for (const std::string& name : {a, b}) {
+    ASSERT_EQ(name.size(), prefix.size() + 16) << name;
+    EXPECT_EQ(name.substr(0, prefix.size()), prefix);
+    EXPECT_EQ(name.find_first_not_of("0123456789abcdef", prefix.size()), std::string::npos) << name;
+  }
+  EXPECT_NE(a, b);
+}
+
+TEST(CheckpointStepTest, AcceptsExactlyWhatCheckpointDirNameWrites) {
+  EXPECT_EQ(CheckpointStep("model.ckpt-0", "model.ckpt"), 0);
+  EXPECT_EQ(CheckpointStep("model.ckpt-1200", "model.ckpt"), 1200);
+  EXPECT_EQ(CheckpointStep("model.ckpt-9223372036854775807", "model.ckpt"), INT64_MAX);
+  for (const char* name :
+       {"model.ckpt-", "model.ckpt-01", "model.ckpt--1", "model.ckpt-+1", "model.ckpt-1a",
+        "model.ckpt-1.tmp-01", "model.ckpt-1.deleting-01", "model.ckpt1", "xmodel.ckpt-1",
+        "input.ckpt-1", "model.ckpt-9223372036854775808", "my-notes"}) {
+    EXPECT_FALSE(CheckpointStep(name, "model.ckpt").has_value()) << name;
+  }
+}
+
+TEST(DeletingDirNameTest, AppendsSixteenRandomHexDigits) {
+  const std::string name = DeletingDirName("model.ckpt-10");
+  const std::string prefix = "model.ckpt-10.deleting-";
+  ASSERT_EQ(name.size(), prefix.size() + 16) << name;
+  EXPECT_EQ(name.substr(0, prefix.size()), prefix);
+  EXPECT_EQ(name.find_first_not_of("0123456789abcdef", prefix.size()), std::string::npos);
+}
+
+}  // namespace
+}  // namespace asyncckpt

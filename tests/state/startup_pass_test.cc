@@ -1,0 +1,337 @@
+// Tests of src/state/startup_pass.cc: CheckpointManager::Start: recovery, garbage collection and
+// relisting.
+
+#include "src/state/startup_pass.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "asyncckpt/file_system.h"
+#include "asyncckpt/state.h"
+#include "io/fault_injection_file_system.h"
+#include "src/util/log.h"
+#include "tests/state/checkpoint_state_fixture.h"
+
+namespace asyncckpt {
+namespace {
+
+using namespace state_testing;  // NOLINT(build/namespaces): the shared fixture
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
+
+// ---- recovery -----------------------------------------------------------------------------------
+
+TEST_F(CheckpointStateTest, StartContinuesRetentionAndDropsMissingDirectories) {
+  {
+    auto first = NewManager(3);
+    for (int step = 1; step <= 5; ++step) Commit(*first, step, step);
+  }
+  fs::remove_all(Path(Name(4)));  // lost while the job was down
+  auto manager = NewManager(3);
+  ASSERT_TRUE(manager->Start().ok());
+  EXPECT_THAT(manager->retained(), ElementsAre(Name(3), Name(5)));
+  EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre(Name(3), Name(5)));
+  EXPECT_THAT(ReadState().all_model_checkpoint_timestamps, ElementsAre(3.0, 5.0));
+  Commit(*manager, 6, 6);
+  EXPECT_EQ(CheckpointDirs(), (std::set<std::string>{Name(3), Name(5), Name(6)}));
+  Commit(*manager, 7, 7);
+  EXPECT_EQ(CheckpointDirs(), (std::set<std::string>{Name(5), Name(6), Name(7)}));
+  EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre(Name(5), Name(6), Name(7)));
+}
+
+TEST_F(CheckpointStateTest, StartRewritesNothingWhenNothingChanged) {
+  {
+    auto first = NewManager(3);
+    Commit(*first, 1, 1);
+    Commit(*first, 2, 2);
+  }
+  const std::string before = ReadText("checkpoint");
+  const int renames = faulty_->count("rename");
+  auto manager = NewManager(3);
+  ASSERT_TRUE(manager->Start().ok());
+  EXPECT_EQ(faulty_->count("rename"), renames);
+  EXPECT_EQ(ReadText("checkpoint"), before);
+  EXPECT_THAT(manager->retained(), ElementsAre(Name(1), Name(2)));
+}
+
+TEST_F(CheckpointStateTest, StartWithoutStateFileStartsEmpty) {
+  auto manager = NewManager(3);
+  ASSERT_TRUE(manager->Start().ok());
+  EXPECT_TRUE(manager->retained().empty());
+  EXPECT_TRUE(Entries().empty());
+}
+
+TEST_F(CheckpointStateTest, StartKeepsLastPreservedTimestamp) {
+  CheckpointState state = ExampleState();
+  MakeCheckpointDir("model.ckpt-1000");
+  MakeCheckpointDir("model.ckpt-2000");
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
+  auto manager = NewManager(5);
+  ASSERT_TRUE(manager->Start().ok());
+  ExpectSameState(manager->state(), state);
+  Commit(*manager, 3000, 1763870100);
+  EXPECT_EQ(ReadState().last_preserved_timestamp, 1763869000);
+}
+
+// Finding 6a: a corrupt state file used to stop the saver (Corruption), and a resume beside it
+// started afresh. Now the list is rebuilt from the complete checkpoints on disk, loudly.
+TEST_F(CheckpointStateTest, StartRebuildsACorruptStateFileFromTheDirectory) {
+  MakeCheckpointDir(Name(1));
+  MakeCheckpointDir(Name(2));
+  MakeCheckpointDir(Name(3));
+  const std::string corrupt = "model_checkpoint_path: \"" + Name(3) + "\"\ngarbage\n";
+  WriteText("checkpoint", corrupt);
+  auto manager = NewManager(2);
+  std::vector<std::string> logged;
+  auto previous = SetLogSink([&](std::string_view line) { logged.emplace_back(line); });
+  Result<StartupReport> report = manager->Start();
+  SetLogSink(std::move(previous));
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(report->rebuilt_because, HasSubstr(Path("checkpoint") + ":2:"));
+  EXPECT_THAT(manager->retained(), ElementsAre(Name(2), Name(3)));
+  EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre(Name(2), Name(3)));
+  // Older than the rebuilt window, complete, unlisted: removed as retention would have.
+  EXPECT_THAT(report->removed, ElementsAre(Name(1)));
+  EXPECT_EQ(CheckpointDirs(), (std::set<std::string>{Name(2), Name(3)}));
+  const bool warned = std::any_of(logged.begin(), logged.end(), [&](const std::string& line) {
+    return line.find("WARNING") != std::string::npos &&
+           line.find("rebuilt the list") != std::string::npos;
+  });
+  EXPECT_TRUE(warned);
+}
+
+// ---- stale temporaries --------------------------------------------------------------------------
+
+TEST_F(CheckpointStateTest, StartRemovesOnlyOurTemporariesAndDeletions) {
+  const std::vector<std::string> stale = {
+      "checkpoint.tmp-00ff", "model.ckpt-3.deleting-0123456789abcdef",
+      "model.ckpt-5.tmp-0123456789abcdef", "model.ckpt-7.tmp-AB"};
+  MakeCheckpointDir(stale[1]);
+  MakeCheckpointDir(stale[2]);
+  MakeCheckpointDir(stale[3]);
+  WriteText(stale[0], "partial");
+  const std::set<std::string> kept = {"checkpoint",
+                                      "model.ckpt-5",
+                                      "other.ckpt-5.tmp-0123",
+                                      "model.ckpt-x.tmp-01",
+                                      "model.ckpt-5.tmp-xyz",
+                                      "model.ckpt-5.tmp-",
+                                      "model.ckpt.tmp-01",
+                                      "model.ckpt-.tmp-01",
+                                      "model.ckpt-5.tmp-01.bak",
+                                      "notes.txt",
+                                      "checkpoint.tmp-",
+                                      "checkpoint.tmp-zz",
+                                      "xmodel.ckpt-5.tmp-01",
+                                      "model.ckpt-5.tmp-01-2",
+                                      "model.ckpt-3.deleting-zz",
+                                      "other.ckpt-3.deleting-01",
+                                      "model.ckpt-3.deleting-01"};
+  for (const std::string& name : kept) WriteText(name, "keep");
+  fs::remove(Path("model.ckpt-5"));
+  MakeCheckpointDir("model.ckpt-5");
+  fs::remove(Path("other.ckpt-5.tmp-0123"));
+  MakeCheckpointDir("other.ckpt-5.tmp-0123");
+  auto manager = NewManager(3);
+  Result<StartupReport> report = manager->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->removed, stale);
+  // "model.ckpt-3.deleting-01" is a file: this library only ever renames directories so.
+  EXPECT_EQ(Entries(), kept);
+  // The garbage state file ("keep") gave way to the one complete checkpoint on disk.
+  EXPECT_THAT(manager->retained(), ElementsAre("model.ckpt-5"));
+}
+
+TEST_F(CheckpointStateTest, StartLogsAndReportsAFailedRemovalButDoesNotFail) {
+  MakeCheckpointDir("model.ckpt-5.tmp-01");
+  faulty_->set_fault(
+      [](const std::string& op, const std::string&) { return op == "remove_tree" ? EACCES : 0; });
+  auto manager = NewManager(3);
+  Result<StartupReport> report = manager->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_EQ(report->failures.size(), 1u);
+  EXPECT_THAT(report->failures[0], HasSubstr(Path("model.ckpt-5.tmp-01")));
+  EXPECT_TRUE(report->removed.empty());
+}
+
+// ---- start-up recovery --------------------------------------------------------------------------
+
+TEST_F(CheckpointStateTest, FreshDirectoryStartsEmptyAndSilently) {
+  std::vector<std::string> logged;
+  auto previous = SetLogSink([&](std::string_view line) { logged.emplace_back(line); });
+  Result<StartupReport> report = NewManager(3)->Start();
+  SetLogSink(std::move(previous));
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(logged.empty()) << logged.front();
+  EXPECT_TRUE(Entries().empty());
+  EXPECT_TRUE(report->rebuilt_because.empty());
+}
+
+// Finding 6a: an empty state file, or one naming only missing checkpoints, made a resume start
+// afresh beside intact checkpoints (which retention then deleted).
+TEST_F(CheckpointStateTest, EmptyStateFileIsRebuiltFromTheDirectory) {
+  for (int step = 4; step <= 7; ++step) MakeCheckpointDir(Name(step));
+  WriteText("checkpoint", "");
+  auto manager = NewManager(3);
+  Result<StartupReport> report = manager->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(report->rebuilt_because, HasSubstr("names no checkpoint"));
+  EXPECT_THAT(manager->retained(), ElementsAre(Name(5), Name(6), Name(7)));
+  EXPECT_EQ(ReadState().model_checkpoint_path, Name(7));
+  EXPECT_THAT(report->removed, ElementsAre(Name(4)));
+}
+
+TEST_F(CheckpointStateTest, StateFileNamingOnlyMissingCheckpointsIsRebuiltFromTheDirectory) {
+  for (int step = 4; step <= 7; ++step) MakeCheckpointDir(Name(step));
+  CheckpointState state;
+  state.all_model_checkpoint_paths = {Name(999)};
+  state.model_checkpoint_path = Name(999);
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
+  auto manager = NewManager(5);
+  Result<StartupReport> report = manager->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(report->dropped, ElementsAre(Name(999)));
+  EXPECT_THAT(report->rebuilt_because, HasSubstr("names no complete checkpoint"));
+  EXPECT_THAT(manager->retained(), ElementsAre(Name(4), Name(5), Name(6), Name(7)));
+  EXPECT_TRUE(report->removed.empty());
+}
+
+TEST_F(CheckpointStateTest, DeletedLatestIsDroppedAndTheRestKept) {
+  for (int step = 4; step <= 7; ++step) MakeCheckpointDir(Name(step));
+  CheckpointState state;
+  for (int step = 4; step <= 8; ++step) {
+    state.all_model_checkpoint_paths.push_back(Name(step));
+    state.all_model_checkpoint_timestamps.push_back(step);
+  }
+  state.model_checkpoint_path = Name(8);
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
+  auto manager = NewManager(5);
+  Result<StartupReport> report = manager->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(report->dropped, ElementsAre(Name(8)));
+  EXPECT_THAT(manager->retained(), ElementsAre(Name(4), Name(5), Name(6), Name(7)));
+  EXPECT_EQ(LatestCheckpoint(dir_).value(), Path(Name(7)));
+}
+
+// Finding 7: a directory committed while the state-file update hit ENOSPC was never listed and
+// never removed.
+TEST_F(CheckpointStateTest, CommittedButUnlistedCheckpointIsListedAgainAtStart) {
+  auto manager = NewManager(3);
+  for (int step = 1; step <= 2; ++step) {
+    MakeCheckpointDir(Name(step), "complete " + std::to_string(step));
+    ASSERT_TRUE(manager->RecordCommitted(Name(step), step).ok());
+  }
+  MakeCheckpointDir(Name(3), "complete 33.5");
+  faulty_->set_fault(
+      [](const std::string& op, const std::string&) { return op == "rename" ? ENOSPC : 0; });
+  EXPECT_FALSE(manager->RecordCommitted(Name(3), 3).ok());
+  faulty_->set_fault(nullptr);
+  CheckpointManager restarted(faulty_.get(),
+                              CheckpointManagerOptions{.checkpoint_dir = dir_,
+                                                       .basename = kBasename,
+                                                       .max_to_keep = 3,
+                                                       .validator = ContentValidator()},
+                              [] { return 0.0; });
+  Result<StartupReport> report = restarted.Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(report->relisted, ElementsAre(Name(3)));
+  EXPECT_THAT(restarted.retained(), ElementsAre(Name(1), Name(2), Name(3)));
+  EXPECT_THAT(ReadState().all_model_checkpoint_timestamps, ElementsAre(1.0, 2.0, 33.5));
+}
+
+TEST_F(CheckpointStateTest, UnlistedDirectoriesFollowTheStartupRule) {
+  // Listed: 5 and 6 (max_to_keep 3). Unlisted: 1 incomplete, 2 and 3 complete and old, 4
+  // complete and old, 7 incomplete, 8 complete and new.
+  for (int step : {5, 6}) MakeCheckpointDir(Name(step), "complete " + std::to_string(step));
+  for (int step : {2, 3, 4, 8}) MakeCheckpointDir(Name(step), "complete " + std::to_string(step));
+  MakeCheckpointDir(Name(1), "torn");
+  fs::create_directory(Path(Name(7)));
+  CheckpointState state;
+  state.all_model_checkpoint_paths = {Name(5), Name(6)};
+  state.all_model_checkpoint_timestamps = {5, 6};
+  state.model_checkpoint_path = Name(6);
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
+  for (double hours : {0.0, 1.0}) {
+    SCOPED_TRACE("keep_checkpoint_every_n_hours " + std::to_string(hours));
+    CheckpointManager manager(faulty_.get(),
+                              CheckpointManagerOptions{.checkpoint_dir = dir_,
+                                                       .basename = kBasename,
+                                                       .max_to_keep = 3,
+                                                       .keep_checkpoint_every_n_hours = hours,
+                                                       .validator = ContentValidator()},
+                              [] { return 0.0; });
+    Result<StartupReport> report = manager.Start();
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    // 8 is newer than the oldest listed; 4 is not, and the list (5, 6, 8) is full.
+    EXPECT_THAT(manager.retained(), ElementsAre(Name(5), Name(6), Name(8)));
+    if (hours == 0) {
+      EXPECT_EQ(report->removed,
+                (std::vector<std::string>{Name(1), Name(2), Name(3), Name(4), Name(7)}));
+      EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(5), Name(6), Name(8)}));
+      for (int step : {2, 3, 4}) MakeCheckpointDir(Name(step), "complete 0");  // again
+    } else {
+      EXPECT_TRUE(report->removed.empty());
+      EXPECT_THAT(report->kept_unlisted, ElementsAre(Name(4), Name(3), Name(2)));
+    }
+  }
+}
+
+TEST_F(CheckpointStateTest, StartFillsAShortListWithTheNewestUnlistedCheckpoints) {
+  for (int step = 1; step <= 6; ++step) MakeCheckpointDir(Name(step));
+  CheckpointState state;
+  state.all_model_checkpoint_paths = {Name(5)};
+  state.all_model_checkpoint_timestamps = {5};
+  state.model_checkpoint_path = Name(5);
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
+  auto manager = NewManager(3);
+  ASSERT_TRUE(manager->Start().ok());
+  EXPECT_THAT(manager->retained(), ElementsAre(Name(4), Name(5), Name(6)));
+  EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(4), Name(5), Name(6)}));
+}
+
+TEST_F(CheckpointStateTest, IncompleteListedCheckpointIsRemovedOnlyAfterTheStateIsRewritten) {
+  MakeCheckpointDir(Name(1), "complete 1");
+  MakeCheckpointDir(Name(2), "torn");
+  CheckpointState state;
+  state.all_model_checkpoint_paths = {Name(1), Name(2)};
+  state.all_model_checkpoint_timestamps = {1, 2};
+  state.model_checkpoint_path = Name(2);
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
+  const CheckpointManagerOptions options{.checkpoint_dir = dir_,
+                                         .basename = kBasename,
+                                         .max_to_keep = 3,
+                                         .validator = ContentValidator()};
+  faulty_->set_fault([](const std::string& op, const std::string& path) {
+    return op == "rename" && path.find("checkpoint.tmp-") != std::string::npos ? ENOSPC : 0;
+  });
+  {
+    CheckpointManager manager(faulty_.get(), options, [] { return 0.0; });
+    Result<StartupReport> report = manager.Start();
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->failures.size(), 1u);
+    EXPECT_TRUE(fs::exists(Path(Name(2)))) << "still named by the state file on disk";
+  }
+  faulty_->set_fault(nullptr);
+  CheckpointManager manager(faulty_.get(), options, [] { return 0.0; });
+  Result<StartupReport> report = manager.Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(report->removed, ElementsAre(Name(2)));
+  EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre(Name(1)));
+}
+
+}  // namespace
+}  // namespace asyncckpt
