@@ -1,4 +1,5 @@
-// The geometry of a box read (CutSlice) and the check of a box request (CheckBox).
+// The geometry of a box read (CutSlice) and the checks of what a read or restore asks for
+// (CheckBox, CheckRegistry).
 
 #include "src/reader/box.h"
 
@@ -105,6 +106,31 @@ std::optional<SliceCut> CutSlice(size_t entry, const format::TensorEntry& t,
   }
   cut.dst_base = dst + dst_offset * elem;
   return cut;
+}
+
+Status CheckRegistry(const CheckpointReader& reader, const TensorRegistry& registry) {
+  std::string problems;
+  for (const TensorRef& ref : registry.tensors()) {
+    const TensorInfo* info = reader.find(ref.name);
+    std::string problem;
+    if (info == nullptr) {
+      problem = "tensor " + Quote(ref.name) + " is not in the checkpoint";
+    } else if (info->dtype != ref.dtype) {
+      problem = "tensor " + Quote(ref.name) + " is " + std::string(DTypeName(ref.dtype)) +
+                " in the registry but " + std::string(DTypeName(info->dtype)) +
+                " in the checkpoint";
+    } else if (IsShard(ref) && info->shape != ref.global_shape) {
+      problem = "tensor " + Quote(ref.name) + " is a shard of global shape " +
+                DescribeShape(ref.global_shape) + " in the registry but has global shape " +
+                DescribeShape(info->shape) + " in the checkpoint";
+    } else if (!IsShard(ref) && info->shape != ref.shape) {
+      problem = "tensor " + Quote(ref.name) + " has shape " + DescribeShape(ref.shape) +
+                " in the registry but " + DescribeShape(info->shape) + " in the checkpoint";
+    }
+    if (!problem.empty()) problems += (problems.empty() ? "" : "; ") + problem;
+  }
+  if (problems.empty()) return Status::OK();
+  return Status::InvalidArgument("cannot restore from " + reader.path() + ": " + problems);
 }
 
 }  // namespace asyncckpt::reader

@@ -1,8 +1,9 @@
 #pragma once
 
 // The geometry of a box read: which bytes of which slice of a tensor a box [offset, offset +
-// shape) needs, and where they go in the box's row-major buffer; and the check of a box request
-// against its tensor. The reader (reader.cc) plans its chunk reads from these.
+// shape) needs, and where they go in the box's row-major buffer; and the checks of a box request
+// against its tensor and of a registry against the checkpoint. The reader (reader.cc) plans its
+// chunk reads from these.
 
 #include <algorithm>
 #include <cstddef>
@@ -38,6 +39,10 @@ struct BoxRequest {
 /// `checkpoint_path`: rank, bounds, the destination's size. InvalidArgument naming the tensor.
 Status CheckBox(const BoxRequest& request, const TensorInfo& info,
                 const std::string& checkpoint_path);
+
+/// Checks that every tensor of `registry` is in `reader`'s checkpoint with its dtype and shape (a
+/// shard's global shape). InvalidArgument listing every mismatch.
+Status CheckRegistry(const CheckpointReader& reader, const TensorRegistry& registry);
 
 /// The part of one slice that a box needs, and where it goes in the box's row-major buffer.
 // The slice's raw bytes are seen as rows: a row holds the slice's dimensions from `k` on, where

@@ -1,3 +1,7 @@
+// CheckpointReader: opening a checkpoint (its index through format::LoadIndex, its data files,
+// the tensor list), and reading, restoring and verifying it through the streaming read plan. The
+// geometry of box reads lives in box.{h,cc}.
+
 #include "asyncckpt/reader.h"
 
 #include <oneapi/tbb/enumerable_thread_specific.h>
@@ -262,7 +266,7 @@ class CheckpointReaderImpl final : public CheckpointReader {
   }
 
   Status Restore(const TensorRegistry& registry) {
-    RETURN_IF_ERROR(CheckRegistry(registry));
+    RETURN_IF_ERROR(reader::CheckRegistry(*this, registry));
     RETURN_IF_ERROR(RestoreHostTensors(registry));
     std::shared_ptr<Device> staging_device;
     PinnedBuffer staging;
@@ -435,31 +439,6 @@ class CheckpointReaderImpl final : public CheckpointReader {
       info.stored_bytes += slice.stored_bytes;
       if (index_.sharded) info.slices.push_back(std::move(slice));
     }
-  }
-
-  Status CheckRegistry(const TensorRegistry& registry) const {
-    std::string problems;
-    for (const TensorRef& ref : registry.tensors()) {
-      const TensorInfo* info = find(ref.name);
-      std::string problem;
-      if (info == nullptr) {
-        problem = "tensor " + Quote(ref.name) + " is not in the checkpoint";
-      } else if (info->dtype != ref.dtype) {
-        problem = "tensor " + Quote(ref.name) + " is " + std::string(DTypeName(ref.dtype)) +
-                  " in the registry but " + std::string(DTypeName(info->dtype)) +
-                  " in the checkpoint";
-      } else if (IsShard(ref) && info->shape != ref.global_shape) {
-        problem = "tensor " + Quote(ref.name) + " is a shard of global shape " +
-                  DescribeShape(ref.global_shape) + " in the registry but has global shape " +
-                  DescribeShape(info->shape) + " in the checkpoint";
-      } else if (!IsShard(ref) && info->shape != ref.shape) {
-        problem = "tensor " + Quote(ref.name) + " has shape " + DescribeShape(ref.shape) +
-                  " in the registry but " + DescribeShape(info->shape) + " in the checkpoint";
-      }
-      if (!problem.empty()) problems += (problems.empty() ? "" : "; ") + problem;
-    }
-    if (problems.empty()) return Status::OK();
-    return Status::InvalidArgument("cannot restore from " + path_ + ": " + problems);
   }
 
   // "<dir>/data-00001-of-00002: tensor 'w' chunk 3 (N stored bytes at offset X, zstd)"
