@@ -3,11 +3,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <new>
-#include <stdexcept>
 #include <string>
 #include <vector>
-#include <xtensor/xarray.hpp>
 
 #include "asyncckpt/dtype.h"
 #include "asyncckpt/file_system.h"
@@ -97,12 +94,12 @@ struct VerifyReport {
 /// Memory bound: Open() accepts only an index whose chunks lie inside their data files without
 /// sharing a byte, and whose every chunk claims at most 1 GiB and at most what its stored bytes
 /// can decode to (raw: exactly its stored bytes; zstd and shuffle+zstd: 32768 raw bytes per
-/// stored byte, docs/format.md). So a tensor's claimed size, the most read_xarray() allocates
-/// for it, is at most 32768 times the stored bytes of its chunks, and all tensors together at
-/// most 32768 times the data files' real sizes. Open() itself allocates at most the index's real
-/// size (at most 1 GiB) plus its parsed form; reads add read
-/// buffers of at most options.read_buffer_bytes (or one chunk's stored bytes, when larger) per
-/// call, and per-thread scratch of one chunk's raw bytes (1 GiB at most).
+/// stored byte, docs/format.md). So a tensor's claimed size, the most ReadXarray()
+/// (asyncckpt/xtensor.h) allocates for it, is at most 32768 times the stored bytes of its
+/// chunks, and all tensors together at most 32768 times the data files' real sizes. Open()
+/// itself allocates at most the index's real size (at most 1 GiB) plus its parsed form; reads
+/// add read buffers of at most options.read_buffer_bytes (or one chunk's stored bytes, when
+/// larger) per call, and per-thread scratch of one chunk's raw bytes (1 GiB at most).
 ///
 /// Reads stream: the chunks a call needs are planned as reads of up to 4 MiB of neighbouring
 /// chunks per data file, up to options.queue_depth of them are in flight through the file
@@ -115,8 +112,9 @@ struct VerifyReport {
 class CheckpointReader {
  public:
   /// Opens the checkpoint directory at `path` (e.g. /ckpt/model.ckpt-1000) and validates its
-  /// index. NotFound, Corruption (naming the file and what is wrong), IOError, or
-  /// ResourceExhausted when the index does not fit in memory.
+  /// index. NotFound, Corruption (naming the file and what is wrong), FailedPrecondition for an
+  /// intact index of another format version, IOError, or ResourceExhausted when the index does
+  /// not fit in memory. A symlinked index is never followed (Corruption).
   static Result<std::unique_ptr<CheckpointReader>> Open(const std::string& path,
                                                         const ReaderOptions& options = {});
   /// Opens LatestCheckpoint(dir).
@@ -163,41 +161,6 @@ class CheckpointReader {
   /// Reads, decodes and checksums every chunk; the report lists all damage found (and a chunk
   /// that could not be checked for want of memory, as a problem).
   virtual VerifyReport verify() = 0;
-
-  /// Reads tensor `name` into an xtensor array; InvalidArgument when T does not match its dtype,
-  /// ResourceExhausted (naming the tensor and its size) when the array cannot be allocated.
-  template <typename T>
-  Result<xt::xarray<T>> read_xarray(const std::string& name);
 };
-
-template <typename T>
-Result<xt::xarray<T>> CheckpointReader::read_xarray(const std::string& name) {
-  const TensorInfo* info = find(name);
-  if (info == nullptr) return Status::NotFound("no tensor named '" + name + "' in " + path());
-  constexpr auto wanted = DTypeOf<T>();
-  if (!wanted || *wanted != info->dtype) {
-    return Status::InvalidArgument("tensor '" + name + "' has dtype " +
-                                   std::string(DTypeName(info->dtype)) +
-                                   ", which does not match the requested element type");
-  }
-  try {
-    std::vector<size_t> shape(info->shape.begin(), info->shape.end());
-    xt::xarray<T> out(shape);
-    Status status = read(name, out.data(), out.size() * sizeof(T));
-    if (!status.ok()) return status;
-    return out;
-  } catch (const std::exception& e) {
-    const bool no_memory = dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
-                           dynamic_cast<const std::length_error*>(&e) != nullptr;
-    try {
-      const std::string what =
-          "tensor '" + name + "' of " + std::to_string(info->bytes) + " bytes from " + path();
-      if (no_memory) return Status::ResourceExhausted("out of memory for " + what);
-      return Status::Internal("reading " + what + ": " + e.what());
-    } catch (...) {
-      return Status::ResourceExhausted("out of memory");  // short enough to need no allocation
-    }
-  }
-}
 
 }  // namespace asyncckpt

@@ -10,7 +10,8 @@
 //     data-00001-of-00002
 //
 // The index names every chunk (tensor, offset in the tensor, data file, offset in the file,
-// stored size, raw size, codec, XXH3-64 of the raw bytes) and checksums itself.
+// stored size, raw size, codec, XXH3-64 of the raw bytes) and checksums itself. Reading it from a
+// file system is src/format/index_file.h's LoadIndex.
 
 #include <cstddef>
 #include <cstdint>
@@ -168,7 +169,8 @@ std::vector<uint8_t> EncodeIndex(const Index& index);
 Result<Index> ParseIndex(std::span<const uint8_t> bytes, std::string_view path);
 
 /// ParseIndex for one rank's part of a sharded index (`index.part-<rank>`): every check but
-/// the tiling, since a part holds only that rank's slices. Refuses an unsharded index.
+/// the tiling, since a part holds only that rank's slices. Refuses an unsharded index. (This and
+/// MergeShardedParts are defined in sharded_index.cc.)
 Result<Index> ParseIndexPart(std::span<const uint8_t> bytes, std::string_view path);
 
 /// The global index of a sharded checkpoint from the parts of its `world_size` ranks, `parts[r]`
@@ -186,9 +188,5 @@ Result<Index> MergeShardedParts(std::vector<Index> parts, uint32_t world_size);
 /// overlap).
 Status CheckChunkLocations(const Index& index, std::string_view path,
                            std::span<const uint64_t> data_file_sizes);
-
-/// ParseIndex then CheckChunkLocations: a fully checked index.
-Result<Index> DecodeIndex(std::span<const uint8_t> bytes, std::string_view path,
-                          std::span<const uint64_t> data_file_sizes);
 
 }  // namespace asyncckpt::format

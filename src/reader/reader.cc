@@ -1,3 +1,7 @@
+// CheckpointReader: opening a checkpoint (its index through format::LoadIndex, its data files,
+// the tensor list), and reading, restoring and verifying it through the streaming read plan. The
+// geometry of box reads lives in box.{h,cc}.
+
 #include "asyncckpt/reader.h"
 
 #include <oneapi/tbb/enumerable_thread_specific.h>
@@ -22,6 +26,8 @@
 #include "asyncckpt/state.h"
 #include "src/codec/codec.h"
 #include "src/format/format.h"
+#include "src/format/index_file.h"
+#include "src/reader/box.h"
 #include "src/reader/read_plan.h"
 #include "src/reader/streaming_read.h"
 #include "src/util/byte_buffer.h"
@@ -34,6 +40,12 @@ namespace {
 
 using format::ChunkEntry;
 using format::TensorEntry;
+using reader::BoxRequest;
+using reader::CutSlice;
+using reader::DescribeShape;
+using reader::ForEachPiece;
+using reader::Quote;
+using reader::SliceCut;
 
 // Per-thread working memory for decoding.
 struct ThreadScratch {
@@ -50,14 +62,6 @@ struct ChunkFailure {
 
 bool ByPosition(const ChunkFailure& a, const ChunkFailure& b) {
   return std::tie(a.tensor, a.chunk) < std::tie(b.tensor, b.chunk);
-}
-
-std::string Quote(const std::string& name) { return "'" + name + "'"; }
-
-std::string DescribeShape(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
 }
 
 void LogFallbackOnce(const std::string& reason) {
@@ -107,131 +111,6 @@ Status StatusOfCurrentException(Describe&& what) noexcept {
     return Status::ResourceExhausted("out of memory");
   }
 }
-
-// The part of one slice that a box needs, and where it goes in the box's row-major buffer.
-// The slice's raw bytes are seen as rows: a row holds the slice's dimensions from `k` on, where
-// every dimension after k is whole in both the slice and the box, so that the box's bytes in a
-// row it touches are one run, [run_begin, run_begin + run_bytes) of the row, contiguous in the
-// destination too. The outer dimensions [0, k) say which rows the box touches.
-struct SliceCut {
-  size_t entry = 0;                  // index into Index::tensors
-  std::vector<int64_t> outer_shape;  // the slice's dimensions [0, k)
-  std::vector<int64_t> first;        // the box's first row index in each, slice coordinates
-  std::vector<int64_t> extent;       // the box's extent in each
-  std::vector<uint64_t> dst_stride;  // destination bytes per step in each
-  uint64_t row_bytes = 0;
-  uint64_t run_begin = 0;
-  uint64_t run_bytes = 0;
-  uint64_t band_begin = 0;  // rows that can hold box bytes: those of the box's rows in dim 0
-  uint64_t band_end = 0;
-  uint8_t* dst_base = nullptr;  // where the box's first byte in this slice goes
-};
-
-// The cut of slice `t` by the box [box_first, box_first + box_shape) whose bytes go to `dst`,
-// or nothing when they share no element. The box lies inside t's global shape (checked).
-std::optional<SliceCut> CutSlice(size_t entry, const TensorEntry& t,
-                                 const std::vector<int64_t>& box_first,
-                                 const std::vector<int64_t>& box_shape, uint8_t* dst) {
-  const size_t rank = t.shape.size();
-  const uint64_t elem = DTypeSize(t.dtype);
-  std::vector<int64_t> lo(rank), extent(rank);
-  for (size_t d = 0; d < rank; ++d) {
-    lo[d] = std::max(t.box_offset[d], box_first[d]);
-    const int64_t hi = std::min(t.box_offset[d] + t.shape[d], box_first[d] + box_shape[d]);
-    if (hi <= lo[d]) return std::nullopt;
-    extent[d] = hi - lo[d];
-  }
-  std::vector<uint64_t> box_stride(rank, 1);  // elements
-  for (size_t d = rank; d-- > 1;) {
-    box_stride[d - 1] = box_stride[d] * static_cast<uint64_t>(box_shape[d]);
-  }
-  SliceCut cut;
-  cut.entry = entry;
-  size_t k = rank == 0 ? 0 : rank - 1;
-  while (k > 0 && extent[k] == t.shape[k] && extent[k] == box_shape[k]) --k;
-  uint64_t inner = elem;  // bytes of one step in dimension k
-  for (size_t d = k + 1; d < rank; ++d) inner *= static_cast<uint64_t>(t.shape[d]);
-  if (rank == 0) {
-    cut.row_bytes = cut.run_bytes = elem;
-  } else {
-    cut.row_bytes = static_cast<uint64_t>(t.shape[k]) * inner;
-    cut.run_begin = static_cast<uint64_t>(lo[k] - t.box_offset[k]) * inner;
-    cut.run_bytes = static_cast<uint64_t>(extent[k]) * inner;
-  }
-  for (size_t d = 0; d < k; ++d) {
-    cut.outer_shape.push_back(t.shape[d]);
-    cut.first.push_back(lo[d] - t.box_offset[d]);
-    cut.extent.push_back(extent[d]);
-    cut.dst_stride.push_back(box_stride[d] * elem);
-  }
-  if (k == 0) {
-    cut.band_end = 1;
-  } else {
-    uint64_t rows_per_step = 1;  // rows per index of dimension 0
-    for (size_t d = 1; d < k; ++d) rows_per_step *= static_cast<uint64_t>(t.shape[d]);
-    cut.band_begin = static_cast<uint64_t>(cut.first[0]) * rows_per_step;
-    cut.band_end = static_cast<uint64_t>(cut.first[0] + cut.extent[0]) * rows_per_step;
-  }
-  uint64_t dst_offset = 0;
-  for (size_t d = 0; d < rank; ++d) {
-    dst_offset += static_cast<uint64_t>(lo[d] - box_first[d]) * box_stride[d];
-  }
-  cut.dst_base = dst + dst_offset * elem;
-  return cut;
-}
-
-// Calls fn(slice_byte, length, destination) for every piece of the slice's bytes [a, b) that
-// belongs to the box, in order, until fn returns false. Work: one step per row of [a, b)
-// inside the box's band.
-template <typename Fn>
-void ForEachPiece(const SliceCut& cut, uint64_t a, uint64_t b, Fn&& fn) {
-  if (b <= a) return;
-  const uint64_t r0 = std::max(a / cut.row_bytes, cut.band_begin);
-  const uint64_t r1 = std::min((b - 1) / cut.row_bytes + 1, cut.band_end);
-  const size_t k = cut.outer_shape.size();
-  for (uint64_t r = r0; r < r1; ++r) {
-    uint64_t rest = r;
-    uint8_t* dst = cut.dst_base;
-    bool inside = true;
-    for (size_t d = k; d-- > 0;) {
-      const uint64_t dim = static_cast<uint64_t>(cut.outer_shape[d]);
-      const int64_t index = static_cast<int64_t>(rest % dim);
-      rest /= dim;
-      if (index < cut.first[d] || index >= cut.first[d] + cut.extent[d]) {
-        inside = false;
-        break;
-      }
-      dst += static_cast<uint64_t>(index - cut.first[d]) * cut.dst_stride[d];
-    }
-    if (!inside) continue;
-    const uint64_t begin = r * cut.row_bytes + cut.run_begin;
-    const uint64_t from = std::max(begin, a);
-    const uint64_t to = std::min(begin + cut.run_bytes, b);
-    if (from < to && !fn(from, to - from, dst + (from - begin))) return;
-  }
-}
-
-// "[4:7, 0:8]": a box as first:end per dimension.
-std::string DescribeBox(const std::vector<int64_t>& first, const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size() && i < first.size(); ++i) {
-    int64_t end = 0;
-    const bool fits = !__builtin_add_overflow(first[i], shape[i], &end);
-    out += (i ? ", " : "") + std::to_string(first[i]) + ":" +
-           (fits ? std::to_string(end) : std::string("overflow"));
-  }
-  return out + "]";
-}
-
-// A box of one tensor to read, and where to.
-struct BoxRequest {
-  const std::string* name = nullptr;
-  const std::vector<int64_t>* first = nullptr;
-  const std::vector<int64_t>* shape = nullptr;
-  uint8_t* dst = nullptr;
-  size_t dst_bytes = 0;
-  bool whole = false;  // read(): the whole tensor, for its messages
-};
 
 class CheckpointReaderImpl final : public CheckpointReader {
  public:
@@ -330,39 +209,6 @@ class CheckpointReaderImpl final : public CheckpointReader {
     return ReadBoxes({&request, 1});
   }
 
-  // Checks a box request against its tensor; the tensor exists.
-  Status CheckBox(const BoxRequest& request, const TensorInfo& info) const {
-    const std::vector<int64_t>& first = *request.first;
-    const std::vector<int64_t>& shape = *request.shape;
-    const std::string what = "tensor " + Quote(info.name) + " in " + path_;
-    if (first.size() != info.shape.size() || shape.size() != info.shape.size()) {
-      return Status::InvalidArgument("a box with offset of rank " + std::to_string(first.size()) +
-                                     " and shape of rank " + std::to_string(shape.size()) +
-                                     " does not fit " + what + " of shape " +
-                                     DescribeShape(info.shape));
-    }
-    for (size_t d = 0; d < shape.size(); ++d) {
-      if (first[d] < 0 || shape[d] < 0 || first[d] > info.shape[d] ||
-          shape[d] > info.shape[d] - first[d]) {
-        return Status::InvalidArgument("box " + DescribeBox(first, shape) + " leaves " + what +
-                                       " of shape " + DescribeShape(info.shape) + " in dimension " +
-                                       std::to_string(d));
-      }
-    }
-    // Inside the shape, the box's bytes fit as the tensor's do.
-    const uint64_t bytes = static_cast<uint64_t>(NumElements(shape)) * DTypeSize(info.dtype);
-    if (request.dst_bytes != bytes) {
-      return Status::InvalidArgument(
-          (request.whole ? what : "box " + DescribeBox(first, shape) + " of " + what) + " holds " +
-          std::to_string(bytes) + " bytes; the destination has " +
-          std::to_string(request.dst_bytes));
-    }
-    if (bytes > 0 && request.dst == nullptr) {
-      return Status::InvalidArgument("null destination for tensor " + Quote(info.name));
-    }
-    return Status::OK();
-  }
-
   // Reads every box of `requests` in one streaming pass, so that their reads overlap: chunks
   // that lie inside one run of a box decode straight into its buffer; a chunk that only partly
   // belongs to a box, or to several runs, decodes into scratch and is copied piece by piece.
@@ -375,7 +221,7 @@ class CheckpointReaderImpl final : public CheckpointReader {
       if (it == by_name_.end()) {
         return Status::NotFound("no tensor named " + Quote(*request.name) + " in " + path_);
       }
-      RETURN_IF_ERROR(CheckBox(request, infos_[it->second.info]));
+      RETURN_IF_ERROR(CheckBox(request, infos_[it->second.info], path_));
       if (request.dst_bytes == 0) continue;
       for (size_t entry : it->second.entries) {
         const TensorEntry& t = index_.tensors[entry];
@@ -420,7 +266,7 @@ class CheckpointReaderImpl final : public CheckpointReader {
   }
 
   Status Restore(const TensorRegistry& registry) {
-    RETURN_IF_ERROR(CheckRegistry(registry));
+    RETURN_IF_ERROR(reader::CheckRegistry(*this, registry));
     RETURN_IF_ERROR(RestoreHostTensors(registry));
     std::shared_ptr<Device> staging_device;
     PinnedBuffer staging;
@@ -493,7 +339,8 @@ class CheckpointReaderImpl final : public CheckpointReader {
     RETURN_IF_ERROR(ToStatus(fs_->stat(path_, &exists, &is_dir)));
     if (!exists) return Status::NotFound("no checkpoint at " + path_);
     if (!is_dir) return Status::NotFound(path_ + " is not a checkpoint directory");
-    ASSIGN_OR_RETURN(index_, ReadIndex());
+    index_path_ = format::IndexPath(path_);
+    ASSIGN_OR_RETURN(index_, format::LoadIndex(*fs_, path_));
     std::vector<uint64_t> sizes;
     RETURN_IF_ERROR(OpenDataFiles(&sizes));
     RETURN_IF_ERROR(format::CheckChunkLocations(index_, index_path_, sizes));
@@ -508,32 +355,6 @@ class CheckpointReaderImpl final : public CheckpointReader {
     if (options_.use_o_direct) OpenDirectHandles();
     BuildInfos();
     return Status::OK();
-  }
-
-  Result<format::Index> ReadIndex() {
-    index_path_ = path_ + "/" + format::kIndexFileName;
-    std::unique_ptr<io::File> file;
-    io::IoStatus opened = fs_->open(index_path_, io::OpenOptions{}, &file);
-    if (opened.error_number() == ENOENT) {
-      return Status::NotFound("checkpoint " + path_ + " has no index file " + index_path_);
-    }
-    RETURN_IF_ERROR(ToStatus(opened));
-    uint64_t size = 0;
-    RETURN_IF_ERROR(ToStatus(file->size(&size)));
-    if (size > format::kMaxIndexBytes) {
-      return Status::Corruption("index " + index_path_ + " is " + std::to_string(size) +
-                                " bytes; at most " + std::to_string(format::kMaxIndexBytes) +
-                                " accepted");
-    }
-    std::vector<uint8_t> bytes;
-    try {
-      bytes.resize(size);
-    } catch (...) {
-      return StatusOfCurrentException(
-          [&] { return "reading index " + index_path_ + " of " + DescribeBytes(size); });
-    }
-    RETURN_IF_ERROR(ToStatus(file->read_at(0, bytes.data(), bytes.size())));
-    return format::ParseIndex(bytes, index_path_);
   }
 
   // The first chunk stored in data file `file`, for naming what a missing file takes away.
@@ -618,31 +439,6 @@ class CheckpointReaderImpl final : public CheckpointReader {
       info.stored_bytes += slice.stored_bytes;
       if (index_.sharded) info.slices.push_back(std::move(slice));
     }
-  }
-
-  Status CheckRegistry(const TensorRegistry& registry) const {
-    std::string problems;
-    for (const TensorRef& ref : registry.tensors()) {
-      const TensorInfo* info = find(ref.name);
-      std::string problem;
-      if (info == nullptr) {
-        problem = "tensor " + Quote(ref.name) + " is not in the checkpoint";
-      } else if (info->dtype != ref.dtype) {
-        problem = "tensor " + Quote(ref.name) + " is " + std::string(DTypeName(ref.dtype)) +
-                  " in the registry but " + std::string(DTypeName(info->dtype)) +
-                  " in the checkpoint";
-      } else if (IsShard(ref) && info->shape != ref.global_shape) {
-        problem = "tensor " + Quote(ref.name) + " is a shard of global shape " +
-                  DescribeShape(ref.global_shape) + " in the registry but has global shape " +
-                  DescribeShape(info->shape) + " in the checkpoint";
-      } else if (!IsShard(ref) && info->shape != ref.shape) {
-        problem = "tensor " + Quote(ref.name) + " has shape " + DescribeShape(ref.shape) +
-                  " in the registry but " + DescribeShape(info->shape) + " in the checkpoint";
-      }
-      if (!problem.empty()) problems += (problems.empty() ? "" : "; ") + problem;
-    }
-    if (problems.empty()) return Status::OK();
-    return Status::InvalidArgument("cannot restore from " + path_ + ": " + problems);
   }
 
   // "<dir>/data-00001-of-00002: tensor 'w' chunk 3 (N stored bytes at offset X, zstd)"

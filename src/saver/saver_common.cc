@@ -3,13 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstring>
-#include <new>
 
 #include "asyncckpt/state.h"
-#include "src/codec/codec.h"
-#include "src/format/format.h"
 #include "src/saver/coordination.h"
+#include "src/state/committed_steps.h"
 #include "src/util/io_status.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
@@ -253,89 +250,6 @@ Status SaverStorage::Attach(const SaverOptions& options, const std::string& stat
   return Status::OK();
 }
 
-namespace {
-
-uint64_t LoadU64(const uint8_t* p) {
-  uint64_t value = 0;
-  std::memcpy(&value, p, sizeof(value));  // the format is little-endian, as is every target
-  return value;
-}
-
-// True for an intact index (magic, end magic, checksum) of a format version this build does
-// not read: a newer library's checkpoint, which must never be taken for debris.
-bool IsIntactIndexOfAnotherVersion(std::span<const uint8_t> bytes) {
-  if (bytes.size() < format::kIndexHeaderBytes + format::kIndexFooterBytes) return false;
-  if (LoadU64(bytes.data()) != format::kIndexMagic ||
-      LoadU64(bytes.data() + bytes.size() - 8) != format::kIndexEndMagic) {
-    return false;
-  }
-  const size_t checksum_at = bytes.size() - 16;
-  if (codec::Checksum(bytes.first(checksum_at)) != LoadU64(bytes.data() + checksum_at)) {
-    return false;
-  }
-  uint32_t version = 0;
-  std::memcpy(&version, bytes.data() + 8, sizeof(version));
-  return version != format::kFormatVersion;
-}
-
-Result<ValidCheckpoint> ValidateIndexAndSizes(io::FileSystem& fs,
-                                              const std::string& checkpoint_path) {
-  const std::string index_path = checkpoint_path + "/" + format::kIndexFileName;
-  ASSIGN_OR_RETURN(ValidCheckpoint exists, IndexFileExists(fs, checkpoint_path));
-  (void)exists;
-  uint64_t size = 0;
-  RETURN_IF_ERROR(ToStatus(fs.file_size(index_path, &size)));
-  if (size > format::kMaxIndexBytes) {
-    return Status::Corruption("index " + index_path + " is " + std::to_string(size) +
-                              " bytes; at most " + std::to_string(format::kMaxIndexBytes) +
-                              " accepted");
-  }
-  std::vector<uint8_t> bytes(size);
-  std::unique_ptr<io::File> file;
-  RETURN_IF_ERROR(ToStatus(fs.open(index_path, io::OpenOptions{}, &file)));
-  RETURN_IF_ERROR(ToStatus(file->read_at(0, bytes.data(), bytes.size())));
-  if (IsIntactIndexOfAnotherVersion(bytes)) {
-    return Status::FailedPrecondition("index " + index_path +
-                                      " was written in another format version");
-  }
-  ASSIGN_OR_RETURN(const format::Index index, format::ParseIndex(bytes, index_path));
-  std::vector<uint64_t> sizes;
-  for (uint32_t i = 0; i < index.num_data_files; ++i) {
-    const std::string data_path =
-        checkpoint_path + "/" + format::DataFileName(i, index.num_data_files);
-    // Sized, never opened: a FIFO named like a data file has size 0 and would block a read.
-    io::EntryType type = io::EntryType::kNone;
-    RETURN_IF_ERROR(ToStatus(fs.entry_type(data_path, &type)));
-    if (type != io::EntryType::kFile && type != io::EntryType::kNone) {
-      return Status::Corruption("checkpoint " + checkpoint_path + ": data file " + data_path +
-                                " is " + DescribeEntryType(type) + ", not a regular file");
-    }
-    uint64_t data_size = 0;
-    const io::IoStatus sized = fs.file_size(data_path, &data_size);
-    if (sized.error_number() == ENOENT) {
-      return Status::Corruption("checkpoint " + checkpoint_path + ": data file " + data_path +
-                                " is missing");
-    }
-    RETURN_IF_ERROR(ToStatus(sized));
-    sizes.push_back(data_size);
-  }
-  RETURN_IF_ERROR(format::CheckChunkLocations(index, index_path, sizes));
-  return ValidCheckpoint{index.metadata.wall_time};
-}
-
-}  // namespace
-
-Result<ValidCheckpoint> ValidateCheckpointDirectory(io::FileSystem& fs,
-                                                    const std::string& checkpoint_path) {
-  try {
-    return ValidateIndexAndSizes(fs, checkpoint_path);
-  } catch (const std::bad_alloc&) {
-    return Status::ResourceExhausted("out of memory validating checkpoint " + checkpoint_path);
-  } catch (const std::exception& e) {
-    return Status::Internal("validating checkpoint " + checkpoint_path + ": " + e.what());
-  }
-}
-
 std::string InputStateFileForBasename(const std::string& basename) {
   constexpr std::string_view kSuffix = ".ckpt";
   std::string stem = basename;
@@ -343,19 +257,6 @@ std::string InputStateFileForBasename(const std::string& basename) {
     stem.resize(stem.size() - kSuffix.size());
   }
   return "checkpoint_" + stem;
-}
-
-// Declared in asyncckpt/state.h; defined here because deciding what is complete needs the
-// format, which src/state must not depend on.
-Result<std::vector<int64_t>> CommittedCheckpointSteps(const std::string& dir,
-                                                      const std::string& basename,
-                                                      const std::string& state_file_name,
-                                                      io::FileSystem* fs) {
-  std::unique_ptr<io::FileSystem> posix;
-  if (fs == nullptr) fs = (posix = io::NewPosixFileSystem()).get();
-  return ListCommittedSteps(*fs, dir, basename, state_file_name, [fs](const std::string& path) {
-    return ValidateCheckpointDirectory(*fs, path);
-  });
 }
 
 EngineOptions EngineOptionsFor(const SaverOptions& saver, std::string job_token) {

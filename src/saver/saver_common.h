@@ -125,15 +125,6 @@ Status AgreeStarted(const SaverOptions& options, const Status& local);
 /// coordination_timeout_secs.
 EngineOptions EngineOptionsFor(const SaverOptions& saver, std::string job_token = {});
 
-/// The savers' CheckpointValidator: OK (with the metadata's wall time) when `checkpoint_path`
-/// holds a regular "index" file of at most format::kMaxIndexBytes that decodes, and every chunk
-/// it names lies inside its data files (their sizes, not their bytes, are checked).
-/// NotFound or Corruption when it does not; FailedPrecondition for an intact index of another
-/// format version; IOError when a file cannot be read; ResourceExhausted when the index cannot
-/// be held in memory. Never opens anything but the index, never follows a symlinked index.
-Result<ValidCheckpoint> ValidateCheckpointDirectory(io::FileSystem& fs,
-                                                    const std::string& checkpoint_path);
-
 /// The state file of input pipeline checkpoints named `basename`: "checkpoint_" + the basename
 /// without ".ckpt" ("checkpoint_input" for "input.ckpt"; TensorFlow's latest_filename).
 std::string InputStateFileForBasename(const std::string& basename);

@@ -21,6 +21,7 @@
 #include "asyncckpt/saver_hook.h"
 #include "asyncckpt/session.h"
 #include "asyncckpt/state.h"
+#include "asyncckpt/xtensor.h"
 #include "io/fault_injection_file_system.h"
 #include "src/saver/saver_common.h"
 #include "tests/device/flaky_device.h"
@@ -191,8 +192,8 @@ class AsyncSaverHookTest : public ::testing::Test {
     auto reader = CheckpointReader::Open(path);
     ASSERT_TRUE(reader.ok()) << reader.status().ToString();
     EXPECT_EQ((*reader)->metadata().step, step);
-    auto weights = (*reader)->read_xarray<float>("dense/weights");
-    auto bias = (*reader)->read_xarray<int64_t>("dense/bias");
+    auto weights = ReadXarray<float>(**reader, "dense/weights");
+    auto bias = ReadXarray<int64_t>(**reader, "dense/bias");
     ASSERT_TRUE(weights.ok() && bias.ok());
     ASSERT_EQ(weights->size(), weights_.size());
     for (size_t i = 0; i < weights_.size(); ++i) {

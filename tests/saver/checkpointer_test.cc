@@ -13,6 +13,7 @@
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/reader.h"
 #include "asyncckpt/state.h"
+#include "asyncckpt/xtensor.h"
 #include "io/fault_injection_file_system.h"
 #include "tests/io/gated_file_system.h"
 
@@ -106,7 +107,7 @@ class CheckpointerTest : public ::testing::TestWithParam<bool> {
     auto reader = CheckpointReader::Open(Path(step));
     ASSERT_TRUE(reader.ok()) << reader.status().ToString();
     EXPECT_EQ((*reader)->metadata().step, step);
-    auto w = (*reader)->read_xarray<float>("model/w");
+    auto w = ReadXarray<float>(**reader, "model/w");
     ASSERT_TRUE(w.ok()) << w.status().ToString();
     ASSERT_EQ(w->size(), weights_.size());
     for (size_t i = 0; i < weights_.size(); ++i) {
@@ -114,7 +115,7 @@ class CheckpointerTest : public ::testing::TestWithParam<bool> {
     }
     EXPECT_EQ((*reader)->find("optimizer/steps") != nullptr, with_optimizer);
     if (with_optimizer) {
-      auto steps = (*reader)->read_xarray<int64_t>("optimizer/steps");
+      auto steps = ReadXarray<int64_t>(**reader, "optimizer/steps");
       ASSERT_TRUE(steps.ok());
       EXPECT_EQ(steps->data()[2], step + 2);
     }

@@ -1,6 +1,5 @@
-// SaverStorage::Start (start-up recovery and garbage collection with the real validator),
-// ValidateCheckpointDirectory, CommittedCheckpointSteps and NewestCompleteStep, on real
-// checkpoints written by the format's writer.
+// SaverStorage::Start (start-up recovery and garbage collection with the real validator) and
+// NewestCompleteStep, on real checkpoints written by the format's writer.
 
 #include "src/saver/saver_common.h"
 
@@ -25,6 +24,7 @@
 #include "src/codec/codec.h"
 #include "src/format/format.h"
 #include "src/format/writer.h"
+#include "src/state/committed_steps.h"
 #include "tests/support/checkpoint_files.h"
 #include "tests/support/files.h"
 
@@ -114,49 +114,8 @@ class SaverStorageTest : public ::testing::Test {
   std::vector<float> values_;
 };
 
-// ---- the validator ------------------------------------------------------------------------------
-
-TEST_F(SaverStorageTest, ValidatorAcceptsACompleteCheckpointWithItsWallTime) {
-  WriteCheckpoint(3, 1234.5);
-  Result<ValidCheckpoint> valid = ValidateCheckpointDirectory(*posix_, Path(Name(3)));
-  ASSERT_TRUE(valid.ok()) << valid.status().ToString();
-  EXPECT_EQ(valid->wall_time, 1234.5);
-}
-
-TEST_F(SaverStorageTest, ValidatorRejectsEachKindOfIncompleteCheckpoint) {
-  fs::create_directory(Path(Name(1)));  // empty
-  WriteCheckpoint(2);
-  fs::remove(Path(Name(2) + "/" + format::DataFileName(1, 2)));  // index and one data file
-  WriteCheckpoint(3);
-  fs::resize_file(Path(Name(3) + "/" + format::DataFileName(0, 2)), 100);  // cut short
-  WriteCheckpoint(4);
-  fs::resize_file(Path(Name(4) + "/index"), 30);  // torn index
-  WriteCheckpoint(5);
-  fs::remove(Path(Name(5) + "/index"));
-  fs::create_directory(Path(Name(5) + "/index"));  // not a file
-  for (int step = 1; step <= 5; ++step) {
-    SCOPED_TRACE(step);
-    const Status status = ValidateCheckpointDirectory(*posix_, Path(Name(step))).status();
-    EXPECT_TRUE(status.code() == StatusCode::kNotFound || status.code() == StatusCode::kCorruption)
-        << status.ToString();
-    EXPECT_THAT(status.message(), HasSubstr(Path(Name(step))));
-  }
-}
-
-TEST_F(SaverStorageTest, ValidatorNeverOpensAFifoNorAllocatesAnOversizedIndex) {
-  fs::create_directory(Path(Name(1)));
-  ASSERT_EQ(::mkfifo(Path(Name(1) + "/index").c_str(), 0600), 0);
-  const Status fifo = ValidateCheckpointDirectory(*posix_, Path(Name(1))).status();
-  EXPECT_EQ(fifo.code(), StatusCode::kCorruption) << fifo.ToString();
-  EXPECT_THAT(fifo.message(), HasSubstr("not a regular file"));
-
-  fs::create_directory(Path(Name(2)));
-  WriteFile(Path(Name(2) + "/index"), "");
-  fs::resize_file(Path(Name(2) + "/index"), format::kMaxIndexBytes + 1);  // sparse
-  const Status huge = ValidateCheckpointDirectory(*posix_, Path(Name(2))).status();
-  EXPECT_EQ(huge.code(), StatusCode::kCorruption) << huge.ToString();
-  EXPECT_THAT(huge.message(), HasSubstr("at most"));
-}
+// ---- the validator at start-up
+// --------------------------------------------------------------------
 
 TEST_F(SaverStorageTest, IndexOfAnotherFormatVersionIsNeverTakenForDebris) {
   WriteCheckpoint(1);
@@ -327,15 +286,6 @@ TEST_F(SaverStorageTest, RetentionFailureIsNotASaveFailureAndTheNextStartRuns) {
 }
 
 // ---- committed steps for readers ----------------------------------------------------------------
-
-TEST_F(SaverStorageTest, CommittedStepsValidateWhatTheStateFileNames) {
-  for (int step = 1; step <= 3; ++step) WriteCheckpoint(step);
-  WriteState({2, 3});
-  EXPECT_THAT(CommittedCheckpointSteps(dir_, kModel).value(), ElementsAre(2, 3));
-  fs::resize_file(Path(Name(3) + "/" + format::DataFileName(0, 2)), 1);  // 3 goes bad
-  EXPECT_THAT(CommittedCheckpointSteps(dir_, kModel).value(), ElementsAre(1, 2));
-  EXPECT_TRUE(CommittedCheckpointSteps(dir_ + "/missing", kModel).value().empty());
-}
 
 // Finding 6a: NewestCompleteStep read the state files only, so an empty model state file made
 // a resume start afresh beside complete pairs.

@@ -14,6 +14,7 @@
 #include "asyncckpt/reader.h"
 #include "asyncckpt/session.h"
 #include "asyncckpt/state.h"
+#include "asyncckpt/xtensor.h"
 #include "io/fault_injection_file_system.h"
 #include "src/saver/saver_common.h"
 
@@ -141,7 +142,7 @@ TEST_F(CheckpointSaverHookTest, SavedStateEqualsStateAtThatStepBitForBit) {
   auto reader = CheckpointReader::Open(dir_ + "/model.ckpt-4");
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
   EXPECT_EQ((*reader)->metadata().step, 4);
-  auto weights = (*reader)->read_xarray<float>("dense/weights");
+  auto weights = ReadXarray<float>(**reader, "dense/weights");
   ASSERT_TRUE(weights.ok());
   ASSERT_EQ(weights->size(), 3000u);
   for (size_t i = 0; i < 3000; ++i) ASSERT_EQ((*weights).data()[i], float(4000 + i));

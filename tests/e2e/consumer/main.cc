@@ -6,6 +6,7 @@
 #include <asyncckpt/session.h>
 #include <asyncckpt/session_creator.h>
 #include <asyncckpt/state.h>
+#include <asyncckpt/xtensor.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -67,7 +68,7 @@ int main(int argc, char** argv) {
   if (!latest.ok()) return Fail("finding the checkpoint", latest.status());
   auto reader = asyncckpt::CheckpointReader::Open(*latest);
   if (!reader.ok()) return Fail("opening " + *latest, reader.status());
-  auto restored = (*reader)->read_xarray<float>("dense/weights");
+  auto restored = asyncckpt::ReadXarray<float>(**reader, "dense/weights");
   if (!restored.ok()) return Fail("reading dense/weights", restored.status());
   if (*restored != weights) {
     std::fprintf(stderr, "consumer: dense/weights read back differs from what was saved\n");

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "asyncckpt/file_system.h"
+#include "asyncckpt/xtensor.h"
 #include "io/fault_injection_file_system.h"
 #include "src/format/format.h"
 #include "src/format/writer.h"
@@ -312,7 +313,7 @@ uint64_t AddressSpaceBytes() {
 
 // A tensor the bounds allow (1 GiB of zeros in one 32 KiB frame) that this process cannot
 // allocate: in a child whose address space is capped at 256 MiB above what it holds,
-// read_xarray must answer ResourceExhausted naming the tensor and its size, not throw.
+// ReadXarray must answer ResourceExhausted naming the tensor and its size, not throw.
 TEST_F(ReaderTest, ReadXarrayThatCannotAllocateIsResourceExhaustedNotACrash) {
   if (kAllocatorAbortsOnFailure) {
     GTEST_SKIP() << "sanitizer allocators abort on a failed allocation instead of throwing";
@@ -321,7 +322,7 @@ TEST_F(ReaderTest, ReadXarrayThatCannotAllocateIsResourceExhaustedNotACrash) {
   WriteByHand(frame.frame, {ZeroChunk(0, 0, frame, 1ull << 30)});
   std::unique_ptr<CheckpointReader> reader = OpenOrDie();
   ASSERT_NE(reader, nullptr);
-  // The child runs only read_xarray, which fails at the allocation before any oneTBB work.
+  // The child runs only ReadXarray, which fails at the allocation before any oneTBB work.
   const pid_t child = fork();
   ASSERT_GE(child, 0) << std::strerror(errno);
   if (child == 0) {
@@ -329,7 +330,7 @@ TEST_F(ReaderTest, ReadXarrayThatCannotAllocateIsResourceExhaustedNotACrash) {
     try {
       const rlimit limit{AddressSpaceBytes() + (256ull << 20), RLIM_INFINITY};
       if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(10);
-      Result<xt::xarray<uint8_t>> array = reader->read_xarray<uint8_t>("w");
+      Result<xt::xarray<uint8_t>> array = ReadXarray<uint8_t>(*reader, "w");
       if (array.ok()) _exit(11);
       if (array.status().code() != StatusCode::kResourceExhausted) _exit(12);
       const std::string& message = array.status().message();
@@ -347,7 +348,7 @@ TEST_F(ReaderTest, ReadXarrayThatCannotAllocateIsResourceExhaustedNotACrash) {
   ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), 0)
       << "10: setrlimit failed, 11: the read succeeded, 12: not ResourceExhausted, 13: the "
-         "message does not name the tensor and its size, 14: an exception crossed read_xarray";
+         "message does not name the tensor and its size, 14: an exception crossed ReadXarray";
 }
 
 TEST_F(ReaderTest, EveryDTypeRoundTripsAcrossSeveralDataFiles) {
@@ -413,14 +414,14 @@ TEST_F(ReaderTest, ReadsIntoXarrayCheckingTheDType) {
   Write({format::HostTensor{"w", DType::kF32, {2, 3, 500}, values.data(), values.size() * 4}});
   std::unique_ptr<CheckpointReader> reader = OpenOrDie();
   ASSERT_NE(reader, nullptr);
-  Result<xt::xarray<float>> array = reader->read_xarray<float>("w");
+  Result<xt::xarray<float>> array = ReadXarray<float>(*reader, "w");
   ASSERT_TRUE(array.ok()) << array.status().ToString();
   EXPECT_EQ(array->shape(), (std::vector<size_t>{2, 3, 500}));
   EXPECT_EQ((*array)(1, 2, 499), values.back());
   EXPECT_EQ((*array)(0, 1, 7), values[500 + 7]);
-  Result<xt::xarray<double>> wrong = reader->read_xarray<double>("w");
+  Result<xt::xarray<double>> wrong = ReadXarray<double>(*reader, "w");
   EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(reader->read_xarray<float>("nope").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(ReadXarray<float>(*reader, "nope").status().code(), StatusCode::kNotFound);
 }
 
 // Retention may delete a checkpoint while a reader has it open: the reader holds every file
@@ -976,7 +977,7 @@ TEST_F(ShardedReaderTest, ReadsWholeGlobalTensorsBitForBit) {
     ASSERT_TRUE(reader->read(name, got.data(), got.size()).ok()) << name;
     EXPECT_TRUE(got == g.bytes) << name;
   }
-  Result<xt::xarray<float>> big = reader->read_xarray<float>("big");
+  Result<xt::xarray<float>> big = ReadXarray<float>(*reader, "big");
   ASSERT_TRUE(big.ok());
   EXPECT_EQ(big->shape(0), 40u);
   EXPECT_EQ(std::memcmp(big->data(), globals_.at("big").bytes.data(), 40 * 33 * 4), 0);

@@ -1,0 +1,31 @@
+#pragma once
+
+// Reading the index of a checkpoint directory through io::FileSystem: the one loader the reader
+// and the savers' start-up validator share, and the check of a whole checkpoint's index against
+// the sizes of its data files.
+
+#include <string>
+
+#include "asyncckpt/file_system.h"
+#include "asyncckpt/status.h"
+#include "src/format/format.h"
+
+namespace asyncckpt::format {
+
+/// `checkpoint_path` + "/index".
+std::string IndexPath(const std::string& checkpoint_path);
+
+/// Reads and parses the index of the checkpoint directory `checkpoint_path` (ParseIndex). The
+/// index must be a regular file, never a symlink (not followed) nor a FIFO (never opened), of at
+/// most kMaxIndexBytes, sized through its open handle. NotFound when there is none; Corruption
+/// naming the file and what is wrong; FailedPrecondition for an intact index (magic, end magic
+/// and checksum right) of another format version, a newer library's checkpoint; IOError when it
+/// cannot be read; ResourceExhausted when it cannot be held in memory.
+Result<Index> LoadIndex(io::FileSystem& fs, const std::string& checkpoint_path);
+
+/// LoadIndex, then every chunk checked against the sizes of the data files (CheckChunkLocations),
+/// which are sized, never opened: a data file that is missing or not a regular file is
+/// Corruption naming it. The errors of LoadIndex otherwise.
+Result<Index> LoadIndexCheckingDataFiles(io::FileSystem& fs, const std::string& checkpoint_path);
+
+}  // namespace asyncckpt::format
