@@ -17,7 +17,6 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -33,6 +32,7 @@
 #include "src/state/checkpoint_state.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
+#include "tests/io/slow_file_system.h"
 #include "tests/support/checkpoint_files.h"
 #include "tests/support/files.h"
 
@@ -696,21 +696,12 @@ TEST_F(InputPipelineTest, IteratorSaveFailureFailsTheSession) {
   EXPECT_EQ(it.counter(), 2);
 }
 
-// Holds every batch of writes for a while, as a busy disk does.
-class SlowWritesFileSystem final : public io::FileSystemWrapper {
- public:
-  explicit SlowWritesFileSystem(io::FileSystem* target) : FileSystemWrapper(target) {}
-  io::IoStatus write_batch(std::span<const io::WriteOp> ops) override {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    return target()->write_batch(ops);
-  }
-};
-
 // A job killed right after its first step finds the input's initial checkpoint beside the
 // model's, however slow the disk: the initial save is durable before the first step runs.
 TEST_F(InputPipelineTest, TheInitialStateIsDurableBeforeTheFirstStepRuns) {
   std::unique_ptr<io::FileSystem> posix = io::NewPosixFileSystem();
-  SlowWritesFileSystem slow(posix.get());
+  // Every write of the engine's write path completes 200 ms late, as on a busy disk.
+  testing_support::SlowFileSystem slow(posix.get(), std::chrono::milliseconds(200));
   auto input = OpenInput();
   ASSERT_NE(input, nullptr);
   InputPipelineOptions options = Options(1);
@@ -720,13 +711,16 @@ TEST_F(InputPipelineTest, TheInitialStateIsDurableBeforeTheFirstStepRuns) {
   auto session = SingularMonitoredSession::Create({hook.get()}, 0);
   ASSERT_TRUE(session.ok());
   bool listed_at_step_one = false;
+  uint64_t slowed_at_step_one = 0;
   Status status = (*session)->run_until(1, [&](StepContext&) {
+    slowed_at_step_one = slow.slowed_writes();
     auto state = GetCheckpointState(dir_, kInputStateFileName);
     listed_at_step_one = state.ok() && state->model_checkpoint_path == "input.ckpt-0";
     Batch batch;
     return input->next_batch(4, &batch);
   });
   ASSERT_TRUE(status.ok()) << status.ToString();
+  ASSERT_GT(slowed_at_step_one, 0u) << "the initial save's writes did not take the slowed path";
   EXPECT_TRUE(listed_at_step_one);
   EXPECT_TRUE(IsDir(dir_ + "/input.ckpt-0"));
 }
