@@ -326,48 +326,6 @@ IoStatus FaultInjectionFileSystem::lock_file(const std::string& path,
   return target()->lock_file(path, lock);
 }
 
-template <typename Op>
-IoStatus FaultInjectionFileSystem::RunBatch(std::span<const Op> ops, FaultOp kind, const char* verb,
-                                            IoStatus (FileSystem::*batch)(std::span<const Op>)) {
-  std::vector<Op> inner_ops;
-  inner_ops.reserve(ops.size());
-  IoStatus fault;
-  for (const Op& op : ops) {
-    auto* wrapped = dynamic_cast<FaultFile*>(op.file);
-    Op inner = op;
-    if (wrapped != nullptr) inner.file = wrapped->inner();
-    Injected injected;
-    if (op.file != nullptr) injected = Check(kind, {op.file->path()});
-    size_t done = op.length;
-    if (injected.errno_value != 0) {
-      done = injected.mode == FaultMode::kShortTransfer
-                 ? ShortLength(op.length, op.file->is_direct())
-                 : 0;
-      fault = InjectedFailure(injected.errno_value, injected.mode, verb,
-                              DescribeOffset(op.file->path(), op.offset), done, op.length);
-      if (done == 0) break;
-      inner.length = done;
-    }
-    if (kind == FaultOp::kWrite && wrapped != nullptr && wrapped->state() != nullptr) {
-      MarkDirty(*wrapped->state());
-    }
-    inner_ops.push_back(inner);
-    if (!fault.ok()) break;
-  }
-  if (!inner_ops.empty()) {
-    if (IoStatus s = (target()->*batch)(inner_ops); !s.ok()) return s;
-  }
-  return fault;
-}
-
-IoStatus FaultInjectionFileSystem::write_batch(std::span<const WriteOp> ops) {
-  return RunBatch<WriteOp>(ops, FaultOp::kWrite, "write", &FileSystem::write_batch);
-}
-
-IoStatus FaultInjectionFileSystem::read_batch(std::span<const ReadOp> ops) {
-  return RunBatch<ReadOp>(ops, FaultOp::kRead, "read", &FileSystem::read_batch);
-}
-
 IoStatus FaultInjectionFileSystem::new_io_queue(const IoQueueOptions& options,
                                                 std::unique_ptr<IoQueue>* queue) {
   if (!options.on_complete) return IoStatus(EINVAL, "new_io_queue: on_complete is not set");

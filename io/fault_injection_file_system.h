@@ -9,7 +9,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,8 +20,8 @@ namespace asyncckpt::io {
 /// The kinds of operation a fault can target; combine with `|`.
 enum class FaultOp : uint32_t {
   kOpen = 1u << 0,        ///< FileSystem::open
-  kWrite = 1u << 1,       ///< File::write_at and each op of write_batch
-  kRead = 1u << 2,        ///< File::read_at and each op of read_batch
+  kWrite = 1u << 1,       ///< File::write_at and each queued write
+  kRead = 1u << 2,        ///< File::read_at and each queued read
   kSync = 1u << 3,        ///< File::sync
   kTruncate = 1u << 4,    ///< File::truncate
   kCreateDir = 1u << 5,   ///< create_dir, create_dirs
@@ -55,9 +54,7 @@ enum class FaultMode : uint8_t {
 /// pass through uncounted and never fail by injection. An injected failure reads "<op>
 /// <path>[ at offset N]: <strerror> (injected fault)", or "... (injected fault after K of N
 /// bytes)" for a short transfer, and performs nothing underneath except a short transfer's
-/// first half. In a batch each op is counted in order; the ops before the first injected
-/// failure are performed (through the target's batch, together with a short transfer's
-/// half), the rest are neither performed nor counted. The lock file a lock_file() writes is
+/// first half. The lock file a lock_file() writes is
 /// the target's business: it is neither tracked nor rolled back.
 ///
 /// Crash simulation: the wrapper tracks, per file opened for writing through it, whether it
@@ -74,9 +71,9 @@ enum class FaultMode : uint8_t {
 /// Files reach the target's queue on the target's Files, so the io_uring queue keeps them in
 /// its ring. A queue must not outlive the wrapper.
 ///
-/// Thread-safe. Files it opens wrap the target's File, report fd() == -1 (so that a backend
-/// given one in a batch goes through write_at/read_at and the faults apply), and must not
-/// outlive the wrapper.
+/// Thread-safe. Files it opens wrap the target's File, report fd() == -1 (so that a backend's
+/// queue given one goes through write_at/read_at and the faults apply), and must not outlive
+/// the wrapper.
 class FaultInjectionFileSystem final : public FileSystemWrapper {
  public:
   /// Wraps target (not owned; must outlive the wrapper).
@@ -88,8 +85,6 @@ class FaultInjectionFileSystem final : public FileSystemWrapper {
   IoStatus open(const std::string& path, const OpenOptions& options,
                 std::unique_ptr<File>* file) override;
   IoStatus lock_file(const std::string& path, std::unique_ptr<FileLock>* lock) override;
-  IoStatus write_batch(std::span<const WriteOp> ops) override;
-  IoStatus read_batch(std::span<const ReadOp> ops) override;
   /// The target's queue behind one that injects faults (see the class comment).
   IoStatus new_io_queue(const IoQueueOptions& options, std::unique_ptr<IoQueue>* queue) override;
   IoStatus create_dir(const std::string& path) override;
@@ -152,9 +147,6 @@ class FaultInjectionFileSystem final : public FileSystemWrapper {
   void MovePathsLocked(const std::string& from, const std::string& to,
                        std::map<std::string, std::shared_ptr<FileState>>* moved);
   void ForgetPaths(const std::string& path);
-  template <typename Op>
-  IoStatus RunBatch(std::span<const Op> ops, FaultOp kind, const char* verb,
-                    IoStatus (FileSystem::*batch)(std::span<const Op>));
 
   mutable std::mutex mu_;
   uint64_t count_ = 0;       // guarded by mu_

@@ -269,18 +269,6 @@ class PosixFileLock final : public FileLock {
   int fd_;
 };
 
-template <typename Op, typename Call>
-IoStatus RunBatch(std::span<const Op> ops, const char* batch_name, Call call) {
-  for (size_t i = 0; i < ops.size(); ++i) {
-    if (ops[i].file == nullptr) {
-      return IoStatus(EINVAL,
-                      std::string(batch_name) + ": op " + std::to_string(i) + " has no file");
-    }
-    if (IoStatus s = call(ops[i]); !s.ok()) return s;
-  }
-  return IoStatus::Ok();
-}
-
 }  // namespace
 
 std::string DescribeOffset(const std::string& path, uint64_t offset) {
@@ -424,17 +412,6 @@ IoStatus PosixFileSystem::lock_file(const std::string& path, std::unique_ptr<Fil
   }
   *lock = std::make_unique<PosixFileLock>(path, owned.release());
   return IoStatus::Ok();
-}
-
-IoStatus PosixFileSystem::write_batch(std::span<const WriteOp> ops) {
-  return RunBatch(ops, "write_batch", [](const WriteOp& op) {
-    return op.file->write_at(op.offset, op.data, op.length);
-  });
-}
-
-IoStatus PosixFileSystem::read_batch(std::span<const ReadOp> ops) {
-  return RunBatch(ops, "read_batch",
-                  [](const ReadOp& op) { return op.file->read_at(op.offset, op.data, op.length); });
 }
 
 IoStatus PosixFileSystem::create_dir(const std::string& path) {

@@ -1,7 +1,7 @@
 #pragma once
 
 // The POSIX backend: open/pread/pwrite/fdatasync on plain descriptors. The io_uring backend
-// reuses its files and its directory operations and replaces only the batch calls.
+// reuses its files and its directory operations and replaces only new_io_queue().
 //
 // Internal to io/ and its users in src/: callers normally reach it through
 // NewPosixFileSystem() or NewDefaultFileSystem().
@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <span>
 #include <string>
 
 #include "asyncckpt/file_system.h"
@@ -58,8 +57,6 @@ IoStatus OpenPosixFile(const std::string& path, const OpenOptions& options,
 
 /// The POSIX file system. Thread-safe and stateless.
 ///
-/// Batches run op by op in order and stop at the first failure: the ops after it are not
-/// attempted (nothing else was submitted, so "after all submitted ones finished" holds).
 /// remove_tree() also removes a plain file or a symlink given as `path` (like `rm -rf`),
 /// never follows a symlink below it, and reports ENOENT when `path` does not exist.
 class PosixFileSystem : public FileSystem {
@@ -69,8 +66,6 @@ class PosixFileSystem : public FileSystem {
                 std::unique_ptr<File>* file) override;
   /// flock(LOCK_EX | LOCK_NB) on a descriptor opened O_NOFOLLOW | O_CLOEXEC.
   IoStatus lock_file(const std::string& path, std::unique_ptr<FileLock>* lock) override;
-  IoStatus write_batch(std::span<const WriteOp> ops) override;
-  IoStatus read_batch(std::span<const ReadOp> ops) override;
   IoStatus create_dir(const std::string& path) override;
   IoStatus create_dirs(const std::string& path) override;
   IoStatus remove_file(const std::string& path) override;

@@ -109,7 +109,7 @@ class FileLock {
   virtual const std::string& path() const = 0;
 };
 
-/// One positional write in a batch. The buffer and the file stay alive until the batch returns.
+/// One positional write for an IoQueue. The buffer and the file stay alive until it completes.
 struct WriteOp {
   File* file = nullptr;
   uint64_t offset = 0;
@@ -117,7 +117,7 @@ struct WriteOp {
   size_t length = 0;
 };
 
-/// One positional read in a batch. The buffer and the file stay alive until the batch returns.
+/// One positional read for an IoQueue. The buffer and the file stay alive until it completes.
 struct ReadOp {
   File* file = nullptr;
   uint64_t offset = 0;
@@ -224,10 +224,6 @@ class FileSystem {
   /// <pid> on host <host>" (as the file names its holder). Advisory: only lock_file() callers
   /// respect it.
   virtual IoStatus lock_file(const std::string& path, std::unique_ptr<FileLock>* lock) = 0;
-  /// Performs every write; returns the first failure after all submitted ones finished.
-  virtual IoStatus write_batch(std::span<const WriteOp> ops) = 0;
-  /// Performs every read (each exactly its length); returns the first failure.
-  virtual IoStatus read_batch(std::span<const ReadOp> ops) = 0;
   /// Creates one directory; EEXIST is a failure.
   virtual IoStatus create_dir(const std::string& path) = 0;
   /// Creates a directory and its missing parents; existing ones are fine.
@@ -284,8 +280,6 @@ class FileSystemWrapper : public FileSystem {
   IoStatus lock_file(const std::string& path, std::unique_ptr<FileLock>* lock) override {
     return target_->lock_file(path, lock);
   }
-  IoStatus write_batch(std::span<const WriteOp> ops) override { return target_->write_batch(ops); }
-  IoStatus read_batch(std::span<const ReadOp> ops) override { return target_->read_batch(ops); }
   IoStatus create_dir(const std::string& path) override { return target_->create_dir(path); }
   IoStatus create_dirs(const std::string& path) override { return target_->create_dirs(path); }
   IoStatus remove_file(const std::string& path) override { return target_->remove_file(path); }
@@ -329,8 +323,6 @@ class FileSystemWrapper : public FileSystem {
 
 /// Options for choosing and tuning a backend.
 struct IoOptions {
-  /// Most requests in flight in one io_uring batch.
-  unsigned queue_depth = 64;
   /// Skip io_uring and use the POSIX backend.
   bool force_posix = false;
 };

@@ -429,6 +429,5 @@ void Engine::WaitAll() { impl_->WaitAll(); }
 int64_t Engine::in_flight() const { return impl_->in_flight(); }
 uint64_t Engine::staging_high_water() const { return impl_->pool().high_water(); }
 uint64_t Engine::staging_budget() const { return impl_->pool().budget(); }
-uint64_t Engine::staging_allocations() const { return impl_->pool().allocations(); }
 
 }  // namespace asyncckpt

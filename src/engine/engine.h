@@ -182,8 +182,6 @@ class Engine {
   uint64_t staging_high_water() const;
   /// The staging budget in bytes.
   uint64_t staging_budget() const;
-  /// How many times staging memory was allocated (stays 1 after the first save).
-  uint64_t staging_allocations() const;
 
   class Impl;
 

@@ -120,8 +120,8 @@ class CheckpointReaderImpl final : public CheckpointReader {
     io::FileSystem* fs = options.file_system;
     if (fs == nullptr) {
       std::string fallback;
-      owned_fs = io::NewDefaultFileSystem(io::IoOptions{options.queue_depth, options.force_posix},
-                                          &fallback);
+      owned_fs =
+          io::NewDefaultFileSystem(io::IoOptions{.force_posix = options.force_posix}, &fallback);
       LogFallbackOnce(fallback);
       fs = owned_fs.get();
     }

@@ -183,9 +183,8 @@ void SaverStorage::OpenFileSystem(const SaverOptions& options) {
   fs = options.file_system;
   if (fs == nullptr) {
     std::string fallback;
-    owned_fs = io::NewDefaultFileSystem(
-        io::IoOptions{.queue_depth = options.queue_depth, .force_posix = options.force_posix_io},
-        &fallback);
+    owned_fs =
+        io::NewDefaultFileSystem(io::IoOptions{.force_posix = options.force_posix_io}, &fallback);
     if (!fallback.empty()) LogLine(fallback);
     fs = owned_fs.get();
   }

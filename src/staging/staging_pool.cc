@@ -85,16 +85,6 @@ Result<StagingLease> StagingPool::try_lease(size_t bytes, const uint64_t* exempt
   return StagingLease(this, static_cast<uint8_t*>(region_.data()) + offset, bytes, capacity);
 }
 
-bool StagingPool::has_room(size_t bytes) const {
-  const size_t capacity = RoundUp(std::max<size_t>(bytes, 1));
-  std::lock_guard lock(mu_);
-  if (region_.data() == nullptr) return capacity <= budget_;
-  for (const auto& [offset, size] : free_) {
-    if (size >= capacity) return true;
-  }
-  return false;
-}
-
 Status StagingPool::Prepare() {
   std::lock_guard lock(mu_);
   const bool fresh = region_.data() == nullptr;

@@ -82,8 +82,6 @@ class StagingPool {
   void uncharge(uint64_t bytes);
   /// Bytes charged now.
   uint64_t charged() const;
-  /// True when `bytes` could be leased right now.
-  bool has_room(size_t bytes) const;
   /// Allocates the region now (if not yet) and touches every page, so the first save pays no
   /// page faults; Unavailable when it cannot be allocated.
   Status Prepare();

@@ -404,7 +404,6 @@ TEST_F(EngineTest, ManyStreamingSavesCommitInStepOrderAndHoldTheirState) {
   EXPECT_EQ(state->model_checkpoint_path, "model.ckpt-" + std::to_string(kSaves - 1));
   EXPECT_EQ(state->all_model_checkpoint_paths.size(), size_t(kSaves));
   EXPECT_LE(engine_->staging_high_water(), engine_->staging_budget());
-  EXPECT_EQ(engine_->staging_allocations(), 1u);
   for (const auto& name : Entries()) {
     EXPECT_EQ(name.find(".tmp"), std::string::npos) << name;
   }
@@ -982,7 +981,6 @@ TEST_F(EngineTest, ResidentMemoryAndStagingStayFlatOverHundredsOfSaves) {
   auto done = Done();
   ASSERT_EQ(done.size(), size_t(kSaves));
   for (const auto& stats : done) ASSERT_TRUE(stats.status.ok()) << stats.status.ToString();
-  EXPECT_EQ(engine_->staging_allocations(), 1u);
   EXPECT_LE(engine_->staging_high_water(), engine_->staging_budget());
   if (!kSanitized) {
     EXPECT_LT(rss_at_end, rss_at_20 + (8ull << 20))

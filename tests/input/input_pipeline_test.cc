@@ -17,7 +17,6 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -33,6 +32,7 @@
 #include "src/state/checkpoint_state.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
+#include "tests/io/slow_file_system.h"
 #include "tests/support/checkpoint_files.h"
 #include "tests/support/files.h"
 
@@ -696,21 +696,12 @@ TEST_F(InputPipelineTest, IteratorSaveFailureFailsTheSession) {
   EXPECT_EQ(it.counter(), 2);
 }
 
-// Holds every batch of writes for a while, as a busy disk does.
-class SlowWritesFileSystem final : public io::FileSystemWrapper {
- public:
-  explicit SlowWritesFileSystem(io::FileSystem* target) : FileSystemWrapper(target) {}
-  io::IoStatus write_batch(std::span<const io::WriteOp> ops) override {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    return target()->write_batch(ops);
-  }
-};
-
 // A job killed right after its first step finds the input's initial checkpoint beside the
 // model's, however slow the disk: the initial save is durable before the first step runs.
 TEST_F(InputPipelineTest, TheInitialStateIsDurableBeforeTheFirstStepRuns) {
   std::unique_ptr<io::FileSystem> posix = io::NewPosixFileSystem();
-  SlowWritesFileSystem slow(posix.get());
+  // Every write of the engine's write path completes 200 ms late, as on a busy disk.
+  testing_support::SlowFileSystem slow(posix.get(), std::chrono::milliseconds(200));
   auto input = OpenInput();
   ASSERT_NE(input, nullptr);
   InputPipelineOptions options = Options(1);
@@ -727,6 +718,7 @@ TEST_F(InputPipelineTest, TheInitialStateIsDurableBeforeTheFirstStepRuns) {
     return input->next_batch(4, &batch);
   });
   ASSERT_TRUE(status.ok()) << status.ToString();
+  ASSERT_GT(slow.slowed_writes(), 0u) << "the saves' writes did not take the slowed path";
   EXPECT_TRUE(listed_at_step_one);
   EXPECT_TRUE(IsDir(dir_ + "/input.ckpt-0"));
 }

@@ -125,31 +125,6 @@ TEST_P(FaultInjectionFileSystemTest, MatchingPathAndKindFail) {
   EXPECT_TRUE(index->sync().ok());
 }
 
-TEST_P(FaultInjectionFileSystemTest, BatchCountsEachOpAndPerformsOnlyThoseBefore) {
-  auto file = Create("batch");
-  std::vector<std::string> chunks = {"aaaa", "bbbb", "cccc", "dddd"};
-  std::vector<WriteOp> writes;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    writes.push_back({file.get(), i * 4, chunks[i].data(), 4});
-  }
-  uint64_t before = fs_->operation_count();
-  fs_->fail_after(3, EIO);
-  IoStatus s = fs_->write_batch(writes);
-  EXPECT_EQ(s.error_number(), EIO);
-  EXPECT_NE(s.message().find(Path("batch") + " at offset 8"), std::string::npos) << s.message();
-  EXPECT_EQ(fs_->operation_count(), before + 3);
-  EXPECT_EQ(SizeOf("batch"), 8u);
-  fs_->clear_faults();
-  ASSERT_TRUE(fs_->write_batch(writes).ok());
-  std::string back(16, '\0');
-  std::vector<ReadOp> reads = {{file.get(), 0, back.data(), 16}};
-  fs_->fail_ops_matching("batch", EBADMSG, FaultOp::kRead);
-  EXPECT_EQ(fs_->read_batch(reads).error_number(), EBADMSG);
-  fs_->clear_faults();
-  ASSERT_TRUE(fs_->read_batch(reads).ok());
-  EXPECT_EQ(back, "aaaabbbbccccdddd");
-}
-
 TEST_P(FaultInjectionFileSystemTest, DropUnsyncedDataTruncatesToSyncedLength) {
   auto file = Create("synced");
   ASSERT_TRUE(file->write_at(0, "durable", 7).ok());
@@ -251,17 +226,13 @@ TEST_P(FaultInjectionFileSystemTest, EveryKindOfOperationASaveUsesIsCountedAndCa
   ASSERT_TRUE(file->write_at(0, "0123456789", 10).ok());
   ASSERT_TRUE(fs_->create_dir(Path("d")).ok());
   char byte;
-  std::vector<WriteOp> writes = {{file.get(), 0, "x", 1}};
-  std::vector<ReadOp> reads = {{file.get(), 0, &byte, 1}};
   std::unique_ptr<FileLock> lock;
   std::unique_ptr<File> opened;
   // One call of each counted kind, as a full save makes them.
   const std::vector<std::pair<std::string, std::function<IoStatus()>>> calls = {
       {"open", [&] { return fs_->open(Path("f"), OpenOptions{}, &opened); }},
       {"write_at", [&] { return file->write_at(0, "x", 1); }},
-      {"write_batch", [&] { return fs_->write_batch(writes); }},
       {"read_at", [&] { return file->read_at(0, &byte, 1); }},
-      {"read_batch", [&] { return fs_->read_batch(reads); }},
       {"sync", [&] { return file->sync(); }},
       {"truncate", [&] { return file->truncate(10); }},
       {"allocate", [&] { return file->allocate(0, 1 << 20); }},
@@ -336,27 +307,6 @@ TEST_P(FaultInjectionFileSystemTest, ShortReadReadsTheFirstHalfThenFails) {
   EXPECT_EQ(s.error_number(), EIO);
   EXPECT_NE(s.message().find("after 4 of 8 bytes"), std::string::npos) << s.message();
   EXPECT_EQ(back, "abcd....");
-}
-
-TEST_P(FaultInjectionFileSystemTest, ShortTransferInABatchPerformsTheOpsBeforeAndHalfOfTheHitOne) {
-  auto file = Create("batch");
-  std::vector<std::string> chunks = {"aaaa", "bbbb", "cccc", "dddd"};
-  std::vector<WriteOp> writes;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    writes.push_back({file.get(), i * 4, chunks[i].data(), 4});
-  }
-  const uint64_t before = fs_->operation_count();
-  fs_->fail_at(3, ENOSPC, FaultMode::kShortTransfer);
-  IoStatus s = fs_->write_batch(writes);
-  EXPECT_EQ(s.error_number(), ENOSPC);
-  EXPECT_NE(s.message().find(Path("batch") + " at offset 8"), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find("after 2 of 4 bytes"), std::string::npos) << s.message();
-  EXPECT_EQ(fs_->operation_count(), before + 3);
-  EXPECT_EQ(SizeOf("batch"), 10u);
-  std::string back(10, '\0');
-  std::vector<ReadOp> reads = {{file.get(), 0, back.data(), 10}};
-  ASSERT_TRUE(fs_->read_batch(reads).ok());
-  EXPECT_EQ(back, "aaaabbbbcc");
 }
 
 TEST_P(FaultInjectionFileSystemTest, ShortTransferOnADirectFileKeepsWholeBlocks) {

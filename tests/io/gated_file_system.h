@@ -6,7 +6,6 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
-#include <span>
 #include <utility>
 #include <vector>
 
@@ -15,8 +14,8 @@
 
 namespace asyncckpt::testing_support {
 
-/// Holds every write_batch, and every write submitted to one of its IoQueues, at the gate until
-/// Open(); then lets all through. A held queued write does not block its submitter.
+/// Holds every write submitted to one of its IoQueues at the gate until Open(); then lets all
+/// through. A held write does not block its submitter.
 class GatedFileSystem final : public io::FileSystemWrapper {
  public:
   /// Wraps `target` (not owned).
@@ -25,16 +24,6 @@ class GatedFileSystem final : public io::FileSystemWrapper {
   explicit GatedFileSystem(std::unique_ptr<io::FileSystem> target)
       : FileSystemWrapper(target.get()), owned_(std::move(target)) {}
 
-  io::IoStatus write_batch(std::span<const io::WriteOp> ops) override {
-    {
-      std::unique_lock lock(mu_);
-      ++waiting_;
-      changed_.notify_all();
-      changed_.wait(lock, [&] { return open_; });
-      --waiting_;
-    }
-    return target()->write_batch(ops);
-  }
   io::IoStatus new_io_queue(const io::IoQueueOptions& options,
                             std::unique_ptr<io::IoQueue>* queue) override {
     std::unique_ptr<io::IoQueue> inner;

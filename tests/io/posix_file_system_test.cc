@@ -165,8 +165,8 @@ TEST_P(FileSystemTest, WriteToReadOnlyFileFailsNamingPathAndOffset) {
 }
 
 // RLIMIT_FSIZE makes the kernel write only up to the limit and then fail with EFBIG: the
-// one portable way to force a short write. Single writes and batches must both continue the
-// short write from where it stopped, so the error names the limit as the offset.
+// one portable way to force a short write. A write must continue the short write from where
+// it stopped, so the error names the limit as the offset.
 class FileSizeLimit {
  public:
   explicit FileSizeLimit(rlim_t bytes) {
@@ -192,19 +192,15 @@ TEST_P(FileSystemTest, ShortWriteIsContinuedFromWhereItStopped) {
   std::string path = Path("limited");
   auto file = OpenForWrite(path);
   std::vector<char> data = Pattern(10000, 4);
-  IoStatus single, batch;
+  IoStatus s;
   {
     FileSizeLimit limit(6000);
     ASSERT_TRUE(limit.ok());
-    single = file->write_at(0, data.data(), data.size());
-    std::vector<WriteOp> writes = {{file.get(), 0, data.data(), data.size()}};
-    batch = fs_->write_batch(writes);
+    s = file->write_at(0, data.data(), data.size());
   }
-  for (const IoStatus& s : {single, batch}) {
-    EXPECT_EQ(s.error_number(), EFBIG) << s.message();
-    EXPECT_NE(s.message().find("write " + path + " at offset 6000"), std::string::npos)
-        << s.message();
-  }
+  EXPECT_EQ(s.error_number(), EFBIG) << s.message();
+  EXPECT_NE(s.message().find("write " + path + " at offset 6000"), std::string::npos)
+      << s.message();
   std::vector<char> back(6000);
   ASSERT_TRUE(file->read_at(0, back.data(), back.size()).ok());
   EXPECT_TRUE(std::equal(back.begin(), back.end(), data.begin()));
@@ -280,49 +276,6 @@ TEST_P(FileSystemTest, DirectIoRoundTripsAlignedBuffers) {
   // An unaligned length is refused by the kernel and reported, not silently buffered.
   s = file->write_at(0, buffer.get(), 100);
   EXPECT_EQ(s.error_number(), EINVAL) << s.message();
-}
-
-TEST_P(FileSystemTest, BatchRoundTripsManyOps) {
-  auto file = OpenForWrite(Path("batch"));
-  constexpr size_t kOps = 300;
-  std::vector<std::vector<char>> chunks;
-  std::vector<WriteOp> writes;
-  uint64_t offset = 0;
-  for (size_t i = 0; i < kOps; ++i) {
-    chunks.push_back(Pattern(100 + i * 7, static_cast<unsigned>(i)));
-    writes.push_back({file.get(), offset, chunks.back().data(), chunks.back().size()});
-    offset += chunks.back().size();
-  }
-  IoStatus s = fs_->write_batch(writes);
-  ASSERT_TRUE(s.ok()) << s.message();
-  std::vector<std::vector<char>> back(kOps);
-  std::vector<ReadOp> reads;
-  for (size_t i = 0; i < kOps; ++i) {
-    back[i].resize(chunks[i].size());
-    reads.push_back({file.get(), writes[i].offset, back[i].data(), back[i].size()});
-  }
-  s = fs_->read_batch(reads);
-  ASSERT_TRUE(s.ok()) << s.message();
-  EXPECT_EQ(back, chunks);
-}
-
-TEST_P(FileSystemTest, BatchReadPastEndFailsNamingPath) {
-  std::string path = Path("batch_eof");
-  auto file = OpenForWrite(path);
-  ASSERT_TRUE(file->write_at(0, "0123456789", 10).ok());
-  char a[5], b[20];
-  std::vector<ReadOp> reads = {{file.get(), 0, a, sizeof(a)}, {file.get(), 0, b, sizeof(b)}};
-  IoStatus s = fs_->read_batch(reads);
-  EXPECT_EQ(s.error_number(), EIO);
-  EXPECT_NE(s.message().find("unexpected end of file"), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
-  EXPECT_EQ(std::string(a, 5), "01234");
-}
-
-TEST_P(FileSystemTest, BatchOpWithoutFileIsInvalid) {
-  char byte = 0;
-  std::vector<WriteOp> writes = {{nullptr, 0, &byte, 1}};
-  EXPECT_EQ(fs_->write_batch(writes).error_number(), EINVAL);
 }
 
 TEST_P(FileSystemTest, CreateDirFailsWhenItExists) {
@@ -701,7 +654,7 @@ int CheckFallbackWithIoUringBlocked() {
   if (NewUringFileSystem(IoOptions{}, &why) != nullptr) return 1;
   std::string reason;
   auto fs = NewDefaultFileSystem(IoOptions{}, &reason);
-  std::string expected = "io_uring unavailable (io_uring_queue_init (queue depth 64): " +
+  std::string expected = "io_uring unavailable (io_uring_queue_init (a probe ring): " +
                          std::string(std::strerror(EPERM)) + "); using POSIX I/O";
   return fs != nullptr && fs->name() == "posix" && reason == expected ? 0 : 1;
 }

@@ -1,11 +1,10 @@
 #pragma once
 
-// Test support: a file system whose write_batch or sync_dir throws while armed, to check that an
-// exception inside the engine's graph becomes that save's failure.
+// Test support: a file system whose queued writes or sync_dir throw while armed, to check that
+// an exception inside the engine's graph becomes that save's failure.
 
 #include <atomic>
 #include <memory>
-#include <span>
 #include <stdexcept>
 #include <string>
 
@@ -14,7 +13,7 @@
 
 namespace asyncckpt::testing_support {
 
-/// Throws "write path exploded" from write_batch and from its IoQueues' submit_write while
+/// Throws "write path exploded" from its IoQueues' submit_write while
 /// `armed`, "sync_dir exploded" from sync_dir while `armed_sync_dir`; otherwise passes every
 /// call through.
 class ThrowingFileSystem final : public io::FileSystemWrapper {
@@ -25,10 +24,6 @@ class ThrowingFileSystem final : public io::FileSystemWrapper {
   explicit ThrowingFileSystem(std::unique_ptr<io::FileSystem> target)
       : FileSystemWrapper(target.get()), owned_(std::move(target)) {}
 
-  io::IoStatus write_batch(std::span<const io::WriteOp> ops) override {
-    if (armed) throw std::runtime_error("write path exploded");
-    return target()->write_batch(ops);
-  }
   io::IoStatus new_io_queue(const io::IoQueueOptions& options,
                             std::unique_ptr<io::IoQueue>* queue) override {
     std::unique_ptr<io::IoQueue> inner;

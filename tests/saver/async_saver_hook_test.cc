@@ -26,6 +26,7 @@
 #include "src/saver/saver_common.h"
 #include "tests/device/flaky_device.h"
 #include "tests/io/gated_file_system.h"
+#include "tests/io/slow_file_system.h"
 #include "tests/io/throwing_file_system.h"
 
 namespace asyncckpt {
@@ -117,6 +118,7 @@ class RecordingListener : public CheckpointSaverListener {
 
 using testing_support::FlakyDevice;
 using testing_support::GatedFileSystem;
+using testing_support::SlowFileSystem;
 using testing_support::ThrowingFileSystem;
 
 class AsyncSaverHookTest : public ::testing::Test {
@@ -586,26 +588,16 @@ TEST_F(AsyncSaverHookTest, ExceptionFromADeviceCopyBecomesTheSaveFailure) {
 }
 
 TEST_F(AsyncSaverHookTest, EndWaitsForEveryPendingSaveAndLeavesThemDurable) {
-  // Slow writes keep many saves pending when the loop ends.
-  class SlowFileSystem final : public io::FileSystemWrapper {
-   public:
-    explicit SlowFileSystem(std::unique_ptr<io::FileSystem> target)
-        : FileSystemWrapper(target.get()), owned_(std::move(target)) {}
-    io::IoStatus write_batch(std::span<const io::WriteOp> ops) override {
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-      return target()->write_batch(ops);
-    }
-
-   private:
-    std::unique_ptr<io::FileSystem> owned_;
-  };
-  UseFileSystem(std::make_unique<SlowFileSystem>(io::NewPosixFileSystem()));
+  // Slow writes on the engine's write path keep many saves pending when the loop ends.
+  auto* slow = UseFileSystem(
+      std::make_unique<SlowFileSystem>(io::NewPosixFileSystem(), std::chrono::milliseconds(1)));
   SaverOptions options = Options(1);
   options.staging_bytes = 10 * 80 * kPage;  // room for every save: none waits
   RecordingListener listener;
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry_, {&listener});
   ASSERT_TRUE(hook.ok());
   ASSERT_TRUE(Train(hook->get(), 8).ok());  // returns after end()
+  ASSERT_GT(slow->slowed_writes(), 0u) << "the saves' writes did not take the slowed path";
   EXPECT_EQ(listener.after().size(), 9u);
   EXPECT_EQ((*hook)->totals().saves_committed, 9);
   auto state = GetCheckpointState(dir_);

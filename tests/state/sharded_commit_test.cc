@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -215,19 +218,86 @@ TEST_F(ShardedCommitTest, WithoutRankZeroTheOthersTimeOutWithAClearError) {
       << late[0].status.ToString();
 }
 
+// A one-shot event between the ranks' threads. Waits are bounded, so that a broken protocol
+// fails the test instead of hanging it.
+class Event {
+ public:
+  void Set() {
+    std::lock_guard lock(mu_);
+    set_ = true;
+    changed_.notify_all();
+  }
+  // True when set within a minute.
+  [[nodiscard]] bool Wait() {
+    std::unique_lock lock(mu_);
+    return changed_.wait_for(lock, std::chrono::seconds(60), [&] { return set_; });
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool set_ = false;
+};
+
+// Rank 1's file system: its attempt to withdraw its part waits until rank 0 has claimed the
+// parts (rank 0 is merging), is noted, and returns only once rank 0's share has ended, so the
+// test decides the order of claim, give-up and commit instead of timing them.
+class WithdrawalGate final : public io::FileSystemWrapper {
+ public:
+  WithdrawalGate(io::FileSystem* target, Event* merging, Event* withdrawal_tried, Event* rank0_done)
+      : FileSystemWrapper(target),
+        merging_(merging),
+        withdrawal_tried_(withdrawal_tried),
+        rank0_done_(rank0_done) {}
+  io::IoStatus remove_file(const std::string& path) override {
+    if (!path.ends_with("/" + ShardPartFileName(1))) return target()->remove_file(path);
+    claimed_first = merging_->Wait();
+    withdrawal = target()->remove_file(path);
+    withdrawal_tried_->Set();
+    rank0_ended_first = rank0_done_->Wait();
+    return withdrawal;
+  }
+
+  bool claimed_first = false;      // rank 0 was merging when rank 1 tried to withdraw
+  bool rank0_ended_first = false;  // rank 0's share ended before the withdrawal returned
+  io::IoStatus withdrawal;         // what the withdrawal found
+
+ private:
+  Event* merging_;
+  Event* withdrawal_tried_;
+  Event* rank0_done_;
+};
+
 TEST_F(ShardedCommitTest, ARankThatTimesOutAfterTheClaimWaitsForTheCommit) {
-  // Rank 0's merge outlasts rank 1's wait (twice its timeout, 2 s) but not its extra timeout
-  // after the claim (3 s): rank 1 finds its part claimed, cannot withdraw it, and must report
-  // the commit that rank 0 then makes.
-  auto slow_merge = [](const std::vector<std::vector<uint8_t>>& parts) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  // Rank 0 claims the parts and then merges until rank 1 has reached its deadline (twice its
+  // timeout) and tried to withdraw its part: rank 1 finds it claimed, cannot withdraw it, and
+  // must wait for and report the commit that rank 0 then makes.
+  Event merging, withdrawal_tried, rank0_done;
+  bool withdrawal_came_first = false;
+  auto slow_merge = [&](const std::vector<std::vector<uint8_t>>& parts) {
+    merging.Set();
+    withdrawal_came_first = withdrawal_tried.Wait();
     return Concatenate(parts);
   };
-  auto results = RunRanks({Committer(0, 2, 30, slow_merge), Committer(1, 2, 1.0)});
+  WithdrawalGate rank1_fs(posix_.get(), &merging, &withdrawal_tried, &rank0_done);
+  auto rank0 = [&] {
+    ShardCommitResult result = Committer(0, 2, 30, slow_merge)();
+    rank0_done.Set();
+    return result;
+  };
+  auto rank1 = [&] {
+    return CommitShard(rank1_fs, *manager_, Prepare(rank1_fs, 1, 2, 1.0), Concatenate);
+  };
+  auto results = RunRanks({rank0, rank1});
+  ASSERT_TRUE(rank1_fs.claimed_first) << "rank 1 never tried to withdraw its part";
+  ASSERT_TRUE(withdrawal_came_first) << "rank 0 merged before rank 1 gave up";
+  ASSERT_TRUE(rank1_fs.rank0_ended_first);
+  EXPECT_EQ(rank1_fs.withdrawal.error_number(), ENOENT) << rank1_fs.withdrawal.message();
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_TRUE(results[r].status.ok()) << r << ": " << results[r].status.ToString();
     EXPECT_TRUE(results[r].committed) << r;
   }
+  EXPECT_EQ(ReadFile(dir_ + "/model.ckpt-7/index"), std::string("\x02p0\x02p1"));
 }
 
 TEST_F(ShardedCommitTest, PartsThatDoNotMergeAbortEveryRank) {
