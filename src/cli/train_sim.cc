@@ -45,6 +45,7 @@ namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 
+// A new directory under $TMPDIR (or /tmp) for a run given no --checkpoint_dir.
 Result<std::string> MakeTempCheckpointDir() {
   std::error_code ec;
   std::string base = std::filesystem::temp_directory_path(ec).string();
@@ -57,6 +58,7 @@ Result<std::string> MakeTempCheckpointDir() {
   return pattern;
 }
 
+// XXH3 of the input's saved state: runs whose digests agree go on with the same records.
 uint64_t IteratorDigest(RecordDatasetIterator& input) {
   IteratorState state;
   if (!input.save(&state).ok()) return 0;
@@ -70,6 +72,7 @@ uint64_t IteratorDigest(RecordDatasetIterator& input) {
   return digest;
 }
 
+// --verify: reads and checks every checkpoint the state file lists, counting them.
 Status VerifyListed(const std::string& dir, int* verified) {
   ASSIGN_OR_RETURN(CheckpointState state, GetCheckpointState(dir));
   *verified = 0;

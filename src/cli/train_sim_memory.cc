@@ -68,23 +68,18 @@ std::string MemoryHint(const TrainSimConfig& config, const StateLayout& layout, 
   return "";
 }
 
-}  // namespace
-
-Status CheckTrainSimMemory(const ParsedFlags& flags, const TrainSimConfig& config) {
-  const StateLayout layout = LayoutOf(config.model, config.saver.chunk_bytes);
-  const uint64_t staging = config.saver_kind != "async"      ? 0
-                           : config.saver.staging_bytes != 0 ? config.saver.staging_bytes
-                                                             : layout.snapshot();
+// The parts of the plan, each naming the flags that size it: the state, one snapshot of staging
+// and the yardstick's copy all grow with --model_bytes.
+std::vector<MemoryPart> PlannedParts(const ParsedFlags& flags, const TrainSimConfig& config,
+                                     const StateLayout& layout, uint64_t staging) {
   const auto [record_bytes, records_from] = DatasetRecordBytes(flags, config);
   // The shuffle buffer and prefetch queue held live, again in the input checkpoint's saved state
   // and again in its staging; and one batch.
   const uint64_t held = config.input.shuffle_buffer + config.input.prefetch + 1;
   const uint64_t input = record_bytes * (3 * held + config.batch_size);
-  // Each part names the flags that size it: the state, one snapshot of staging and the
-  // yardstick's copy all grow with --model_bytes.
   const std::string model_bytes = GivenFlag(flags, "model_bytes");
   const bool explicit_staging = config.saver.staging_bytes != 0;
-  const std::vector<MemoryPart> parts = {
+  return {
       {"state", model_bytes, layout.state()},
       {explicit_staging ? "pinned staging" : "pinned staging of one snapshot",
        explicit_staging ? GivenFlag(flags, "staging_bytes") : model_bytes, staging},
@@ -94,6 +89,16 @@ Status CheckTrainSimMemory(const ParsedFlags& flags, const TrainSimConfig& confi
            records_from,
        input},
   };
+}
+
+}  // namespace
+
+Status CheckTrainSimMemory(const ParsedFlags& flags, const TrainSimConfig& config) {
+  const StateLayout layout = LayoutOf(config.model, config.saver.chunk_bytes);
+  const uint64_t staging = config.saver_kind != "async"      ? 0
+                           : config.saver.staging_bytes != 0 ? config.saver.staging_bytes
+                                                             : layout.snapshot();
+  const std::vector<MemoryPart> parts = PlannedParts(flags, config, layout, staging);
   AvailableMemory available = MachineAvailableMemory();
   if (config.max_memory) available = {*config.max_memory, GivenFlag(flags, "max_memory")};
   return CheckMemoryFits(
