@@ -1,0 +1,148 @@
+// The parts of an `asyncckpt train-sim` session: the saver hook of --saver, the input pipeline
+// and its hook, and the session creators that restore at start and after every pre-emption.
+
+#include "src/cli/train_sim_session.h"
+
+#include <cinttypes>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <system_error>
+#include <utility>
+
+#include "src/cli/naive_saver.h"
+#include "src/util/status_macros.h"
+
+namespace asyncckpt::cli {
+
+void SaveRecorder::before_save(int64_t step) {
+  std::lock_guard lock(mutex_);
+  save_steps_.insert(step);
+}
+
+bool SaveRecorder::after_save(int64_t step, const SaveStats& stats) {
+  std::lock_guard lock(mutex_);
+  if (!stats.status.ok()) {
+    std::fprintf(stderr, "\nasyncckpt: save of step %" PRId64 " failed: %s\n", step,
+                 stats.status.ToString().c_str());
+  }
+  return false;
+}
+
+bool SaveRecorder::saved_at(int64_t step) const {
+  std::lock_guard lock(mutex_);
+  return save_steps_.count(step) != 0;
+}
+
+Result<std::unique_ptr<SessionRunHook>> MakeSaverHook(const TrainSimConfig& config,
+                                                      const TensorRegistry* registry,
+                                                      SaveRecorder* recorder,
+                                                      std::function<SaverTotals()>* totals) {
+  if (config.saver_kind == "none") {
+    *totals = [] { return SaverTotals{}; };
+    return std::unique_ptr<SessionRunHook>();
+  }
+  if (config.saver_kind == "naive") {
+    auto hook = NaiveSaverHook::Create(config.saver, registry, {recorder});
+    if (!hook.ok()) return hook.status();
+    NaiveSaverHook* raw = hook->get();
+    *totals = [raw] { return raw->totals(); };
+    return std::unique_ptr<SessionRunHook>(std::move(hook).value());
+  }
+  if (config.saver_kind == "sync") {
+    auto hook = CheckpointSaverHook::Create(config.saver, registry, {recorder});
+    if (!hook.ok()) return hook.status();
+    CheckpointSaverHook* raw = hook->get();
+    *totals = [raw] { return raw->totals(); };
+    return std::unique_ptr<SessionRunHook>(std::move(hook).value());
+  }
+  auto hook = AsyncCheckpointSaverHook::Create(config.saver, registry, {recorder});
+  if (!hook.ok()) return hook.status();
+  AsyncCheckpointSaverHook* raw = hook->get();
+  *totals = [raw] { return raw->totals(); };
+  return std::unique_ptr<SessionRunHook>(std::move(hook).value());
+}
+
+InputPipelineOptions InputOptions(const TrainSimConfig& config) {
+  InputPipelineOptions options;
+  options.saver.checkpoint_dir = config.saver.checkpoint_dir;
+  options.saver.save_steps = config.saver.save_steps;
+  options.saver.save_secs = config.saver.save_secs;
+  options.saver.max_to_keep = config.saver.max_to_keep;
+  options.model_basename = config.saver.basename;
+  options.saver.compression = config.saver.compression;
+  options.saver.chunk_bytes = config.saver.chunk_bytes;
+  options.saver.force_posix_io = config.saver.force_posix_io;
+  options.saver.on_error = config.saver.on_error;
+  options.saver.clock = config.saver.clock;
+  if (config.model.shard) {
+    // TensorFlow's per-worker suffix: each rank saves and restores its own input position.
+    options.num_workers = config.model.world_size;
+    options.task_type = "worker";
+    options.task_id = config.model.rank;
+  }
+  return options;
+}
+
+Result<std::unique_ptr<CheckpointSessionCreator>> MakeCreator(const TrainSimConfig& config,
+                                                              SimModel* model) {
+  CheckpointSessionCreatorOptions options;
+  options.checkpoint_dir = config.saver.checkpoint_dir;
+  options.model_basename = config.saver.basename;
+  options.input_basename = InputCheckpointBasename(InputOptions(config));
+  options.allow_fresh_start = config.allow_fresh_start;
+  options.init_fn = [model] {
+    model->Reset();
+    return Status::OK();
+  };
+  return CheckpointSessionCreator::Create(std::move(options), &model->registry());
+}
+
+Result<std::unique_ptr<ShardedSessionCreator>> MakeShardedCreator(const TrainSimConfig& config,
+                                                                  SimModel* model,
+                                                                  Coordinator* coordinator) {
+  ShardedSessionCreatorOptions options;
+  options.checkpoint_dir = config.saver.checkpoint_dir;
+  options.model_basename = config.saver.basename;
+  if (config.saver_kind == "sync" || config.saver_kind == "async") {
+    options.input_basename = InputCheckpointBasename(InputOptions(config));
+    options.input_state_file = InputStateFileName(InputOptions(config));
+  }
+  options.allow_fresh_start = config.allow_fresh_start;
+  options.init_fn = [model] {
+    model->Reset();
+    return Status::OK();
+  };
+  return ShardedSessionCreator::Create(std::move(options), coordinator, &model->registry());
+}
+
+Result<std::unique_ptr<RecordDatasetIterator>> OpenInput(TrainSimConfig& config,
+                                                         Coordinator* coordinator) {
+  if (config.dataset.empty())
+    config.dataset = config.saver.checkpoint_dir + "/train-sim-dataset.bin";
+  std::error_code ec;
+  std::filesystem::create_directories(config.saver.checkpoint_dir, ec);
+  Status written;
+  if ((coordinator == nullptr || coordinator->rank() == 0) &&
+      !std::filesystem::exists(config.dataset, ec)) {
+    written = WriteRecordDataset(config.dataset, config.dataset_records, config.record_bytes,
+                                 config.model.seed)
+                  .WithContext("writing the synthetic dataset");
+  }
+  if (coordinator != nullptr) {
+    ASSIGN_OR_RETURN(auto outcomes, GatherValues(*coordinator, written.ok() ? 0 : 1));
+    if (outcomes[0] != 0 && written.ok()) {
+      return Status::Unavailable("rank 0 could not write the dataset " + config.dataset);
+    }
+  }
+  RETURN_IF_ERROR(written);
+  config.input.path = config.dataset;
+  return RecordDatasetIterator::Open(config.input);
+}
+
+Result<std::unique_ptr<CheckpointInputPipelineHook>> MakeInputHook(const TrainSimConfig& config,
+                                                                   RecordDatasetIterator* input) {
+  return CheckpointInputPipelineHook::Create(InputOptions(config), input);
+}
+
+}  // namespace asyncckpt::cli

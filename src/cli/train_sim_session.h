@@ -1,0 +1,78 @@
+#pragma once
+
+// The parts of an `asyncckpt train-sim` session: the saver hook of --saver, the input pipeline
+// and its hook, and the session creator that restores the newest step with both a model and an
+// input checkpoint (alone, or agreed by every rank with --shard).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+
+#include "asyncckpt/coordinator.h"
+#include "asyncckpt/hooks.h"
+#include "asyncckpt/input_pipeline.h"
+#include "asyncckpt/saver_hook.h"
+#include "asyncckpt/session_creator.h"
+#include "asyncckpt/status.h"
+#include "asyncckpt/tensor.h"
+#include "src/cli/shard_job.h"
+#include "src/cli/sim_model.h"
+#include "src/cli/train_sim_flags.h"
+
+namespace asyncckpt::cli {
+
+/// Records which steps saved, for the step times, and reports a failed save on stderr.
+/// Thread-safe: the saver calls it from its commit thread.
+class SaveRecorder final : public CheckpointSaverListener {
+ public:
+  /// Notes `step` as a step that saved.
+  void before_save(int64_t step) override;
+  /// Prints a failed save's status; never asks the saver to stop.
+  bool after_save(int64_t step, const SaveStats& stats) override;
+  /// True when a save began at `step`.
+  bool saved_at(int64_t step) const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::set<int64_t> save_steps_;
+};
+
+/// The hook of --saver, reporting to `recorder`; null for --saver none. `totals` is set to read
+/// the hook's totals (all zero for none).
+Result<std::unique_ptr<SessionRunHook>> MakeSaverHook(const TrainSimConfig& config,
+                                                      const TensorRegistry* registry,
+                                                      SaveRecorder* recorder,
+                                                      std::function<SaverTotals()>* totals);
+
+/// The input hook's options: its schedule, retention and codec follow the model saver's.
+InputPipelineOptions InputOptions(const TrainSimConfig& config);
+
+/// Restores the model at the newest step that has both a model and an input checkpoint, at the
+/// start and after every pre-emption, so that the input hook resumes the input at exactly that
+/// step. Model checkpoints newer than that (their input checkpoint was still being written when
+/// the job died) are not used: resuming from one would replay the input from another position.
+/// Checkpoints without any such pair are an error unless --allow_fresh_start; with no
+/// checkpoint at all the job starts afresh from step 0 (a re-created session resets the model).
+Result<std::unique_ptr<CheckpointSessionCreator>> MakeCreator(const TrainSimConfig& config,
+                                                              SimModel* model);
+
+/// --shard: every rank agrees on the step to resume (ShardedSessionCreator). The input pairs
+/// with the model unless the saver writes no input checkpoints (none, naive: a restore of the
+/// model alone, on any number of ranks).
+Result<std::unique_ptr<ShardedSessionCreator>> MakeShardedCreator(const TrainSimConfig& config,
+                                                                  SimModel* model,
+                                                                  Coordinator* coordinator);
+
+/// Opens the dataset, writing the synthetic one first when it is missing, and sets
+/// config.dataset and config.input.path. With a coordinator, rank 0 alone writes it, and the
+/// others open it after. Collective with a coordinator.
+Result<std::unique_ptr<RecordDatasetIterator>> OpenInput(TrainSimConfig& config,
+                                                         Coordinator* coordinator);
+
+/// The hook that checkpoints `input` beside the model.
+Result<std::unique_ptr<CheckpointInputPipelineHook>> MakeInputHook(const TrainSimConfig& config,
+                                                                   RecordDatasetIterator* input);
+
+}  // namespace asyncckpt::cli
