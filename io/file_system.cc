@@ -34,7 +34,7 @@ std::unique_ptr<FileSystem> NewDefaultFileSystem(const IoOptions& options,
                                                  std::string* fallback_reason) {
   std::string reason;
   std::unique_ptr<FileSystem> fs;
-  if (!options.force_posix) {
+  if (!options.force_posix_io) {
     std::string why;
     fs = NewUringFileSystem(options, &why);
     if (fs == nullptr) reason = "io_uring unavailable (" + why + "); using POSIX I/O";

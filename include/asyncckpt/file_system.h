@@ -22,11 +22,6 @@
 
 namespace asyncckpt::io {
 
-/// Most reads or writes a saver or a reader keeps in flight by default (SaverOptions::queue_depth,
-/// ReaderOptions::queue_depth): one default for both, since a read plan coalesces chunks into
-/// extents much as the writer packs them, and both sides reach the device's limit at that depth.
-inline constexpr unsigned kDefaultQueueDepth = 64;
-
 /// The outcome of an I/O call: errno 0 on success, else the errno and a message such as
 /// "write /ckpt/x/data-00000-of-00002 at offset 4096: No space left on device".
 class [[nodiscard]] IoStatus {
@@ -324,7 +319,7 @@ class FileSystemWrapper : public FileSystem {
 /// Options for choosing and tuning a backend.
 struct IoOptions {
   /// Skip io_uring and use the POSIX backend.
-  bool force_posix = false;
+  bool force_posix_io = false;
 };
 
 /// The plain POSIX backend (pread/pwrite loops).

@@ -8,6 +8,7 @@
 
 #include "asyncckpt/dtype.h"
 #include "asyncckpt/file_system.h"
+#include "asyncckpt/limits.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/tensor.h"
 
@@ -62,10 +63,10 @@ struct ReadStats {
 /// Options for opening a checkpoint.
 struct ReaderOptions {
   /// Use the POSIX backend even where io_uring works (only when file_system is null).
-  bool force_posix = false;
+  bool force_posix_io = false;
   /// Most reads in flight at once while reading, restoring or verifying (each up to 4 MiB of
-  /// neighbouring chunks); 0 counts as 1.
-  unsigned queue_depth = 32;
+  /// neighbouring chunks), in [1, kMaxQueueDepth].
+  unsigned queue_depth = kDefaultQueueDepth;
   /// Read the data files with O_DIRECT, bypassing the page cache; where the file system
   /// refuses it the reader reads buffered, logging one line.
   bool use_o_direct = true;

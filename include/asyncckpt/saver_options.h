@@ -1,8 +1,7 @@
 #pragma once
 
 // The options every saver takes (CheckpointSaverHook, AsyncCheckpointSaverHook, Checkpointer, and,
-// embedded in InputPipelineOptions, CheckpointInputPipelineHook), and the one definition of each
-// option's valid range, which the library, the command-line tool and the Python package all use.
+// embedded in InputPipelineOptions, CheckpointInputPipelineHook). Their ranges are in limits.h.
 
 #include <cstdint>
 #include <map>
@@ -12,23 +11,11 @@
 #include "asyncckpt/compression.h"
 #include "asyncckpt/coordinator.h"
 #include "asyncckpt/file_system.h"
+#include "asyncckpt/limits.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/timer.h"
 
 namespace asyncckpt {
-
-/// Smallest chunk_bytes: every chunk takes at least one 4 KiB page of pinned staging and, under
-/// O_DIRECT, of its data file, so smaller chunks would each be padded to 4 KiB and multiply the
-/// checkpoint's size.
-inline constexpr uint64_t kMinChunkBytes = 4096;
-/// Largest chunk_bytes: the format's largest chunk.
-inline constexpr uint64_t kMaxChunkBytes = 1ull << 30;
-/// Largest num_data_files.
-inline constexpr uint32_t kMaxNumDataFiles = 4096;
-/// Largest queue_depth (SaverOptions and ReaderOptions).
-inline constexpr unsigned kMaxQueueDepth = 4096;
-/// Largest background_threads.
-inline constexpr unsigned kMaxBackgroundThreads = 1024;
 
 /// What a saver does when a save is due while staging memory is still held by earlier saves,
 /// or two earlier saves are not yet committed.
@@ -104,7 +91,7 @@ struct SaverOptions {
   /// kMaxBackgroundThreads.
   unsigned background_threads = 0;
   /// Most writes in flight at once while saving (over all data files), in [1, kMaxQueueDepth].
-  unsigned queue_depth = io::kDefaultQueueDepth;
+  unsigned queue_depth = kDefaultQueueDepth;
   /// CUDA state: return from a save as soon as the copies are enqueued (stream-ordered mode);
   /// set the compute stream first with SetCudaComputeStream.
   bool cuda_stream_ordered = false;
@@ -135,9 +122,6 @@ struct SaverOptions {
   /// that save fails on it (seconds, > 0).
   double coordination_timeout_secs = 300;
 };
-
-/// InvalidArgument unless queue_depth is in [1, kMaxQueueDepth] (SaverOptions and ReaderOptions).
-Status ValidateQueueDepth(unsigned queue_depth);
 
 /// InvalidArgument naming the first bad field and its valid range, worded like TensorFlow's
 /// messages.

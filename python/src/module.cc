@@ -342,9 +342,9 @@ std::unique_ptr<PyCheckpointer> MakeCheckpointer(
   return std::make_unique<PyCheckpointer>(Take(std::move(made)));
 }
 
-std::unique_ptr<PyReader> OpenReader(const std::string& path, bool force_posix) {
+std::unique_ptr<PyReader> OpenReader(const std::string& path, bool force_posix_io) {
   ReaderOptions options;
-  options.force_posix = force_posix;
+  options.force_posix_io = force_posix_io;
   Result<std::unique_ptr<CheckpointReader>> reader = Status::Internal("not opened");
   {
     py::gil_scoped_release release;
@@ -403,7 +403,7 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("step"));
 
-  m.def("open_reader", &OpenReader, py::arg("path"), py::arg("force_posix") = false,
+  m.def("open_reader", &OpenReader, py::arg("path"), py::arg("force_posix_io") = false,
         "Opens the checkpoint directory at `path`.");
   m.def(
       "latest_checkpoint",

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "asyncckpt/reader.h"
+#include "asyncckpt/saver_options.h"
 #include "src/cli/commands.h"
 #include "src/cli/flags.h"
 #include "src/cli/json.h"
@@ -27,7 +28,6 @@ namespace {
 constexpr char kUsage[] =
     "asyncckpt restore-bench PATH [--queue_depth N] [--o_direct 0|1] [--repeat N] "
     "[--drop_cache] [--json]";
-constexpr int64_t kMaxQueueDepth = 4096;
 constexpr int64_t kMaxRepeat = 1000;
 
 struct FreeDeleter {

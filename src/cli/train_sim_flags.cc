@@ -88,11 +88,8 @@ namespace {
 // Longest simulated accelerator time per step: one hour. A step of 1e15 ms would sleep for 30
 // million years, and no test or benchmark needs more than seconds.
 constexpr double kMaxStepMs = 3600.0 * 1000;
-// Smallest chunk: every chunk takes at least one 4 KiB page of pinned staging and, under
-// O_DIRECT, starts on a 4 KiB boundary of its data file, so smaller chunks pad each one to 4 KiB
-// (--chunk_bytes 1 turned a 64 KiB state into a 66 MB checkpoint).
-constexpr uint64_t kMinChunkBytes = 4096;
-constexpr uint64_t kMaxChunkBytes = 1ull << 30;
+// The page every chunk's staging and, under O_DIRECT, its place in a data file is rounded to (the
+// reason for kMinChunkBytes: --chunk_bytes 1 turned a 64 KiB state into a 66 MB checkpoint).
 constexpr uint64_t kPageBytes = 4096;
 
 // "--name must be <rule>, got 'text'": the value exactly as the user gave it, never a clamped
@@ -221,7 +218,7 @@ Status CheckFormatFlags(const ParsedFlags& flags, SaverOptions& saver) {
   if (saver.chunk_bytes > kMaxChunkBytes) {
     return BadValue(flags, "chunk_bytes", "at most 1GiB (the format's largest chunk)");
   }
-  ASSIGN_OR_RETURN(int64_t files, IntFlag(flags, "num_data_files", 1, 4096));
+  ASSIGN_OR_RETURN(int64_t files, IntFlag(flags, "num_data_files", 1, kMaxNumDataFiles));
   saver.num_data_files = static_cast<uint32_t>(files);
   return Status::OK();
 }
@@ -253,7 +250,7 @@ Status CheckSaverKindFlags(const ParsedFlags& flags, TrainSimConfig& config) {
     return Status::InvalidArgument("--on_error must be stop or continue, not '" + on_error + "'");
   }
   saver.on_error = on_error == "continue" ? OnError::kContinue : OnError::kStop;
-  ASSIGN_OR_RETURN(int64_t threads, IntFlag(flags, "background_threads", 0, 1024));
+  ASSIGN_OR_RETURN(int64_t threads, IntFlag(flags, "background_threads", 0, kMaxBackgroundThreads));
   saver.background_threads = static_cast<unsigned>(threads);
   return Status::OK();
 }
@@ -266,7 +263,7 @@ Status CheckIoFlags(const ParsedFlags& flags, TrainSimConfig& config) {
     return Status::InvalidArgument("--io must be auto, uring or posix, not '" + io + "'");
   }
   saver.force_posix_io = io == "posix";
-  ASSIGN_OR_RETURN(int64_t queue_depth, IntFlag(flags, "queue_depth", 1, 4096));
+  ASSIGN_OR_RETURN(int64_t queue_depth, IntFlag(flags, "queue_depth", 1, kMaxQueueDepth));
   saver.queue_depth = static_cast<unsigned>(queue_depth);
   ASSIGN_OR_RETURN(saver.use_o_direct, flags.get_bool("o_direct"));
   saver.user_metadata["job"] = "train-sim";

@@ -116,12 +116,13 @@ class CheckpointReaderImpl final : public CheckpointReader {
  public:
   static Result<std::unique_ptr<CheckpointReader>> Open(const std::string& path,
                                                         const ReaderOptions& options) {
+    RETURN_IF_ERROR(ValidateQueueDepth(options.queue_depth).WithContext("opening " + path));
     std::unique_ptr<io::FileSystem> owned_fs;
     io::FileSystem* fs = options.file_system;
     if (fs == nullptr) {
       std::string fallback;
-      owned_fs =
-          io::NewDefaultFileSystem(io::IoOptions{.force_posix = options.force_posix}, &fallback);
+      owned_fs = io::NewDefaultFileSystem(io::IoOptions{.force_posix_io = options.force_posix_io},
+                                          &fallback);
       LogFallbackOnce(fallback);
       fs = owned_fs.get();
     }
@@ -498,7 +499,7 @@ class CheckpointReaderImpl final : public CheckpointReader {
       return index_.tensors[p.tensor].chunks[p.chunk].stored_bytes;
     };
     reader::StreamOptions stream_options;
-    stream_options.queue_depth = std::max(options_.queue_depth, 1u);
+    stream_options.queue_depth = options_.queue_depth;
     stream_options.buffer_bytes = options_.read_buffer_bytes;
     reader::RunReadPlan(*fs_, handles, plan, chunk_bytes, stream_options, sink, record);
     std::sort(failures.begin(), failures.end(), ByPosition);

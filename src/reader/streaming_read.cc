@@ -91,7 +91,7 @@ class PlanRunner {
     if (plan_.size() > 1) {
       done_.reserve(plan_.size());
       io::IoQueueOptions queue_options;
-      queue_options.depth = std::max(options_.queue_depth, 1u);
+      queue_options.depth = options_.queue_depth;
       queue_options.on_complete = [this](uint64_t tag, io::IoStatus status) {
         Complete(tag, std::move(status));
       };
@@ -120,7 +120,7 @@ class PlanRunner {
   }
 
   void RunQueued(io::IoQueue& queue) {
-    const unsigned depth = std::max(options_.queue_depth, 1u);
+    const unsigned depth = options_.queue_depth;
     size_t next = 0;
     for (;;) {
       while (next < plan_.size() && in_flight_ < depth) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "asyncckpt/file_system.h"
+#include "asyncckpt/limits.h"
 #include "asyncckpt/status.h"
 #include "src/reader/read_plan.h"
 
@@ -29,7 +30,7 @@ struct DataFileHandles {
 /// How to run a plan.
 struct StreamOptions {
   /// Most extents read or decoded at once.
-  unsigned queue_depth = 32;
+  unsigned queue_depth = kDefaultQueueDepth;
   /// Most bytes of bounce buffers held at once; an extent larger than this still runs, alone.
   uint64_t buffer_bytes = 64ull << 20;
   /// Alignment of bounce buffers (O_DIRECT's).

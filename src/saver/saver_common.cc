@@ -13,14 +13,6 @@
 
 namespace asyncckpt {
 
-Status ValidateQueueDepth(unsigned queue_depth) {
-  if (queue_depth == 0 || queue_depth > kMaxQueueDepth) {
-    return Status::InvalidArgument("queue_depth must be in [1, " + std::to_string(kMaxQueueDepth) +
-                                   "], got " + std::to_string(queue_depth));
-  }
-  return Status::OK();
-}
-
 Status ValidateSaverOptions(const SaverOptions& options) {
   if (options.checkpoint_dir.empty()) {
     return Status::InvalidArgument("checkpoint_dir must be set");
@@ -183,8 +175,8 @@ void SaverStorage::OpenFileSystem(const SaverOptions& options) {
   fs = options.file_system;
   if (fs == nullptr) {
     std::string fallback;
-    owned_fs =
-        io::NewDefaultFileSystem(io::IoOptions{.force_posix = options.force_posix_io}, &fallback);
+    owned_fs = io::NewDefaultFileSystem(io::IoOptions{.force_posix_io = options.force_posix_io},
+                                        &fallback);
     if (!fallback.empty()) LogLine(fallback);
     fs = owned_fs.get();
   }

@@ -273,7 +273,7 @@ class EngineTest : public ::testing::Test {
   // Reads a committed checkpoint back and checks it holds exactly the state at `step`.
   void ExpectHoldsStep(const std::string& path, int64_t step) {
     SCOPED_TRACE(path);
-    auto reader = CheckpointReader::Open(path, ReaderOptions{.force_posix = true});
+    auto reader = CheckpointReader::Open(path, ReaderOptions{.force_posix_io = true});
     ASSERT_TRUE(reader.ok()) << reader.status().ToString();
     EXPECT_EQ((*reader)->metadata().step, step);
     std::vector<float> weights(weights_.size());

@@ -617,7 +617,7 @@ TEST(IoStatusTest, FromErrnoNamesOpPathAndReason) {
 
 TEST(DefaultFileSystemTest, ForcedPosixIsNotAFallback) {
   IoOptions options;
-  options.force_posix = true;
+  options.force_posix_io = true;
   std::string reason = "stale";
   auto fs = NewDefaultFileSystem(options, &reason);
   ASSERT_NE(fs, nullptr);

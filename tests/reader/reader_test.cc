@@ -143,7 +143,7 @@ class ReaderTest : public ::testing::Test {
 
   static ReaderOptions Posix() {
     ReaderOptions options;
-    options.force_posix = true;
+    options.force_posix_io = true;
     return options;
   }
 
@@ -657,7 +657,7 @@ class StreamingRestoreTest : public ReaderTest,
  protected:
   ReaderOptions Options() const {
     ReaderOptions options;
-    options.force_posix = GetParam().posix;
+    options.force_posix_io = GetParam().posix;
     options.use_o_direct = GetParam().o_direct;
     options.queue_depth = GetParam().queue_depth;
     options.read_buffer_bytes = 1 << 20;  // small, so that the budget, not the depth, binds too

@@ -849,7 +849,7 @@ TEST_F(AsyncSaverHookTest, ForcedPosixBackendRoundTrips) {
   ASSERT_TRUE(hook.ok());
   ASSERT_TRUE(state.Train(hook->get(), 3).ok());
   for (int64_t step : {0, 2, 3}) {
-    AllDTypesState::ExpectRestoresStep(Path(step), step, ReaderOptions{.force_posix = true});
+    AllDTypesState::ExpectRestoresStep(Path(step), step, ReaderOptions{.force_posix_io = true});
   }
 }
 

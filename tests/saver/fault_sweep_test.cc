@@ -322,7 +322,7 @@ class FaultSweepTest : public ::testing::TestWithParam<std::tuple<HookKind, Back
   // Empty when the checkpoint at `path` opens and verifies, else what is wrong.
   std::string VerifyProblem(const std::string& path) const {
     ReaderOptions options;
-    options.force_posix = true;
+    options.force_posix_io = true;
     auto reader = CheckpointReader::Open(path, options);
     if (!reader.ok()) return reader.status().ToString();
     VerifyReport report = (*reader)->verify();
