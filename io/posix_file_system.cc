@@ -488,20 +488,6 @@ IoStatus PosixFileSystem::sync_dir(const std::string& path) {
   return IoStatus::Ok();
 }
 
-IoStatus PosixFileSystem::stat(const std::string& path, bool* exists, bool* is_dir) {
-  *exists = false;
-  *is_dir = false;
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    // ENOTDIR: a parent is a file, so the path cannot exist either.
-    if (errno == ENOENT || errno == ENOTDIR) return IoStatus::Ok();
-    return IoStatus::FromErrno(errno, "stat", path);
-  }
-  *exists = true;
-  *is_dir = S_ISDIR(st.st_mode);
-  return IoStatus::Ok();
-}
-
 IoStatus PosixFileSystem::file_size(const std::string& path, uint64_t* bytes) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return IoStatus::FromErrno(errno, "stat", path);
@@ -509,12 +495,14 @@ IoStatus PosixFileSystem::file_size(const std::string& path, uint64_t* bytes) {
   return IoStatus::Ok();
 }
 
-IoStatus PosixFileSystem::entry_type(const std::string& path, EntryType* type) {
+IoStatus PosixFileSystem::entry_type(const std::string& path, EntryType* type, Symlinks symlinks) {
   *type = EntryType::kNone;
   struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) {
+  const bool follow = symlinks == Symlinks::kFollow;
+  if ((follow ? ::stat(path.c_str(), &st) : ::lstat(path.c_str(), &st)) != 0) {
+    // ENOTDIR: a parent is a file, so the path cannot exist either.
     if (errno == ENOENT || errno == ENOTDIR) return IoStatus::Ok();
-    return IoStatus::FromErrno(errno, "lstat", path);
+    return IoStatus::FromErrno(errno, follow ? "stat" : "lstat", path);
   }
   if (S_ISREG(st.st_mode)) {
     *type = EntryType::kFile;

@@ -74,9 +74,9 @@ class PosixFileSystem : public FileSystem {
   IoStatus exchange(const std::string& a, const std::string& b) override;
   IoStatus list_dir(const std::string& path, std::vector<std::string>* names) override;
   IoStatus sync_dir(const std::string& path) override;
-  IoStatus stat(const std::string& path, bool* exists, bool* is_dir) override;
   IoStatus file_size(const std::string& path, uint64_t* bytes) override;
-  IoStatus entry_type(const std::string& path, EntryType* type) override;
+  IoStatus entry_type(const std::string& path, EntryType* type,
+                      Symlinks symlinks = Symlinks::kReport) override;
 };
 
 }  // namespace asyncckpt::io

@@ -139,6 +139,13 @@ enum class EntryType {
   /// Anything else.
   kOther,
 };
+/// Whether FileSystem::entry_type reports a final symlink as one or looks through it.
+enum class Symlinks {
+  /// lstat: a symlink is kSymlink, whatever it points at.
+  kReport,
+  /// stat: the type of what the link points at.
+  kFollow,
+};
 
 /// A buffer that a backend may register with the kernel for zero-copy I/O (io_uring's fixed
 /// buffers). Not owned.
@@ -236,13 +243,14 @@ class FileSystem {
   virtual IoStatus list_dir(const std::string& path, std::vector<std::string>* names) = 0;
   /// Makes a directory's entries durable (fsync on the directory).
   virtual IoStatus sync_dir(const std::string& path) = 0;
-  /// Whether a path exists and is a directory; ENOENT is not an error (both false).
-  virtual IoStatus stat(const std::string& path, bool* exists, bool* is_dir) = 0;
   /// The size of a file.
   virtual IoStatus file_size(const std::string& path, uint64_t* bytes) = 0;
-  /// What `path` itself is, a final symlink not followed (lstat), so that a caller can refuse
-  /// to follow a link out of a directory; ENOENT and ENOTDIR are not errors (kNone).
-  virtual IoStatus entry_type(const std::string& path, EntryType* type) = 0;
+  /// What is at `path`; ENOENT and ENOTDIR are not errors (kNone). By default a final symlink
+  /// is reported as one (lstat), so that a caller can refuse to follow a link out of a
+  /// directory; Symlinks::kFollow looks through it (stat), as for a checkpoint_dir that is a
+  /// link to a directory (a dangling link is then kNone).
+  virtual IoStatus entry_type(const std::string& path, EntryType* type,
+                              Symlinks symlinks = Symlinks::kReport) = 0;
   /// A new asynchronous queue for files opened through this file system. The default runs
   /// each request through File::write_at / File::read_at on a pool of up to
   /// min(depth, kMaxPoolQueueThreads) threads, so it works for any backend and for wrappers
@@ -289,14 +297,12 @@ class FileSystemWrapper : public FileSystem {
     return target_->list_dir(path, names);
   }
   IoStatus sync_dir(const std::string& path) override { return target_->sync_dir(path); }
-  IoStatus stat(const std::string& path, bool* exists, bool* is_dir) override {
-    return target_->stat(path, exists, is_dir);
-  }
   IoStatus file_size(const std::string& path, uint64_t* bytes) override {
     return target_->file_size(path, bytes);
   }
-  IoStatus entry_type(const std::string& path, EntryType* type) override {
-    return target_->entry_type(path, type);
+  IoStatus entry_type(const std::string& path, EntryType* type,
+                      Symlinks symlinks = Symlinks::kReport) override {
+    return target_->entry_type(path, type, symlinks);
   }
   /// Forwards: the target's queue runs requests on the target's Files. A wrapper whose Files
   /// add behaviour (faults, accounting) overrides it, e.g. with FileSystem::new_io_queue, the

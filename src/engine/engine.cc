@@ -183,10 +183,10 @@ Status Engine::Impl::OpenFiles(SaveJob& save) {
   const io::IoStatus made = fs_->create_dir(save.tmp_path);
   if (!made.ok()) {
     // Sharded: every rank makes the shared directory; the first one wins.
-    bool exists = false;
-    bool is_dir = false;
+    io::EntryType type = io::EntryType::kNone;
     const bool shared = sharded() && made.error_number() == EEXIST &&
-                        fs_->stat(save.tmp_path, &exists, &is_dir).ok() && is_dir;
+                        fs_->entry_type(save.tmp_path, &type, io::Symlinks::kFollow).ok() &&
+                        type == io::EntryType::kDirectory;
     if (!shared) return ToStatus(made);
   }
   const uint32_t count = options_.num_data_files;

@@ -188,9 +188,9 @@ class CheckpointInputPipelineHook::Impl {
   Result<std::string> CheckpointToRestore() {
     const std::string& dir = core_->options().checkpoint_dir;
     const std::string exact = dir + "/" + StartName();
-    bool exists = false, is_dir = false;
-    RETURN_IF_ERROR(ToStatus(core_->fs()->stat(exact, &exists, &is_dir)));
-    if (exists && is_dir) return exact;
+    io::EntryType type = io::EntryType::kNone;
+    RETURN_IF_ERROR(ToStatus(core_->fs()->entry_type(exact, &type, io::Symlinks::kFollow)));
+    if (type == io::EntryType::kDirectory) return exact;
     if (start_step_ == 0) return std::string();
     if (!options_.restore_latest_when_step_missing) {
       return Status::FailedPrecondition(

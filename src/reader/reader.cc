@@ -336,10 +336,12 @@ class CheckpointReaderImpl final : public CheckpointReader {
       : path_(std::move(path)), options_(options), owned_fs_(std::move(owned_fs)), fs_(fs) {}
 
   Status Load() {
-    bool exists = false, is_dir = false;
-    RETURN_IF_ERROR(ToStatus(fs_->stat(path_, &exists, &is_dir)));
-    if (!exists) return Status::NotFound("no checkpoint at " + path_);
-    if (!is_dir) return Status::NotFound(path_ + " is not a checkpoint directory");
+    io::EntryType type = io::EntryType::kNone;
+    RETURN_IF_ERROR(ToStatus(fs_->entry_type(path_, &type, io::Symlinks::kFollow)));
+    if (type == io::EntryType::kNone) return Status::NotFound("no checkpoint at " + path_);
+    if (type != io::EntryType::kDirectory) {
+      return Status::NotFound(path_ + " is not a checkpoint directory");
+    }
     index_path_ = format::IndexPath(path_);
     ASSIGN_OR_RETURN(index_, format::LoadIndex(*fs_, path_));
     std::vector<uint64_t> sizes;

@@ -69,9 +69,11 @@ void RemoveFailedSave(io::FileSystem& fs, const std::string& checkpoint_dir,
                       const std::string& tmp_name) {
   const std::string tmp_path = JoinCheckpointPath(checkpoint_dir, tmp_name);
   try {
-    bool exists = false;
-    bool is_dir = false;
-    if (!fs.stat(tmp_path, &exists, &is_dir).ok() || !exists) return;
+    io::EntryType type = io::EntryType::kNone;
+    if (!fs.entry_type(tmp_path, &type, io::Symlinks::kFollow).ok() ||
+        type == io::EntryType::kNone) {
+      return;
+    }
     const io::IoStatus removed = fs.remove_tree(tmp_path);
     if (!removed.ok()) {
       LogLine("could not remove " + tmp_path + " of a failed save: " + removed.message());

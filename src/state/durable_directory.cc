@@ -56,11 +56,10 @@ Status CommitDirectory(io::FileSystem& fs, const std::string& parent, const std:
   const std::string tmp_path = JoinCheckpointPath(parent, tmp_name);
   const std::string final_path = JoinCheckpointPath(parent, final_name);
   RETURN_IF_ERROR(ToStatus(fs.sync_dir(tmp_path)));
-  bool exists = false;
-  bool is_dir = false;
-  RETURN_IF_ERROR(ToStatus(fs.stat(final_path, &exists, &is_dir)));
+  io::EntryType type = io::EntryType::kNone;
+  RETURN_IF_ERROR(ToStatus(fs.entry_type(final_path, &type, io::Symlinks::kFollow)));
   std::string old_path;  // where the previous copy lives once replaced
-  if (!exists) {
+  if (type == io::EntryType::kNone) {
     RETURN_IF_ERROR(ToStatus(fs.rename(tmp_path, final_path)));
   } else {
     const io::IoStatus swapped = fs.exchange(tmp_path, final_path);

@@ -287,11 +287,14 @@ Result<std::string> LatestCheckpoint(const std::string& dir, const std::string& 
                                      io::FileSystem* fs) {
   std::unique_ptr<io::FileSystem> posix;
   if (fs == nullptr) fs = (posix = io::NewPosixFileSystem()).get();
-  bool exists = false;
-  bool is_dir = false;
-  RETURN_IF_ERROR(ToStatus(fs->stat(dir, &exists, &is_dir)));
-  if (!exists) return Status::NotFound("checkpoint directory " + dir + " does not exist");
-  if (!is_dir) return Status::NotFound("checkpoint directory " + dir + " is not a directory");
+  io::EntryType type = io::EntryType::kNone;
+  RETURN_IF_ERROR(ToStatus(fs->entry_type(dir, &type, io::Symlinks::kFollow)));
+  if (type == io::EntryType::kNone) {
+    return Status::NotFound("checkpoint directory " + dir + " does not exist");
+  }
+  if (type != io::EntryType::kDirectory) {
+    return Status::NotFound("checkpoint directory " + dir + " is not a directory");
+  }
   const std::string state_path = JoinCheckpointPath(dir, state_file_name);
   Result<CheckpointState> read = ReadCheckpointState(*fs, dir, state_file_name);
   if (read.status().code() == StatusCode::kNotFound) {
@@ -307,8 +310,9 @@ Result<std::string> LatestCheckpoint(const std::string& dir, const std::string& 
                             "it from the checkpoints on disk)");
   }
   const std::string path = JoinCheckpointPath(dir, state.model_checkpoint_path);
-  RETURN_IF_ERROR(ToStatus(fs->stat(path, &exists, &is_dir)));
-  if (!exists || !is_dir) {
+  RETURN_IF_ERROR(ToStatus(fs->entry_type(path, &type, io::Symlinks::kFollow)));
+  const bool exists = type != io::EntryType::kNone;
+  if (type != io::EntryType::kDirectory) {
     return Status::NotFound("state file " + state_path + " names " + state.model_checkpoint_path +
                             " as the latest checkpoint, but " + path +
                             (exists ? " is not a directory" : " does not exist") +

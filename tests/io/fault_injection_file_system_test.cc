@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "asyncckpt/file_system.h"
+#include "tests/io/exists_and_is_dir.h"
 
 namespace asyncckpt::io {
 namespace {
@@ -60,7 +61,7 @@ class FaultInjectionFileSystemTest : public ::testing::TestWithParam<std::string
 
   bool Exists(const std::string& name) {
     bool exists = false, is_dir = false;
-    EXPECT_TRUE(base_->stat(Path(name), &exists, &is_dir).ok());
+    EXPECT_TRUE(ExistsAndIsDir(*base_, Path(name), &exists, &is_dir).ok());
     return exists;
   }
 
@@ -103,7 +104,7 @@ TEST_P(FaultInjectionFileSystemTest, UncountedOperationsNeverFail) {
   std::vector<std::string> names;
   EXPECT_TRUE(fs_->list_dir(root_, &names).ok());
   bool exists, is_dir;
-  EXPECT_TRUE(fs_->stat(root_, &exists, &is_dir).ok());
+  EXPECT_TRUE(ExistsAndIsDir(*fs_, root_, &exists, &is_dir).ok());
   EXPECT_EQ(fs_->operation_count(), 0u);
   EXPECT_EQ(fs_->create_dir(Path("d")).error_number(), EIO);
   EXPECT_FALSE(Exists("d"));

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "asyncckpt/file_system.h"
+#include "tests/io/exists_and_is_dir.h"
 #include "tests/support/watchdog.h"
 
 namespace asyncckpt::io {
@@ -291,7 +292,7 @@ TEST_P(FileSystemTest, CreateDirsMakesParentsAndAcceptsExisting) {
   ASSERT_TRUE(fs_->create_dirs(path).ok());
   ASSERT_TRUE(fs_->create_dirs(path).ok());
   bool exists = false, is_dir = false;
-  ASSERT_TRUE(fs_->stat(Path("a/b/c"), &exists, &is_dir).ok());
+  ASSERT_TRUE(ExistsAndIsDir(*fs_, Path("a/b/c"), &exists, &is_dir).ok());
   EXPECT_TRUE(exists);
   EXPECT_TRUE(is_dir);
 }
@@ -303,13 +304,13 @@ TEST_P(FileSystemTest, CreateDirsThroughAFileIsNotADirectory) {
   EXPECT_NE(s.message().find(Path("plain")), std::string::npos) << s.message();
 }
 
-TEST_P(FileSystemTest, StatReportsMissingWithoutError) {
+TEST_P(FileSystemTest, EntryTypeReportsMissingWithoutError) {
   bool exists = true, is_dir = true;
-  ASSERT_TRUE(fs_->stat(Path("nope"), &exists, &is_dir).ok());
+  ASSERT_TRUE(ExistsAndIsDir(*fs_, Path("nope"), &exists, &is_dir).ok());
   EXPECT_FALSE(exists);
   EXPECT_FALSE(is_dir);
   WriteHostFile(Path("file"), "x");
-  ASSERT_TRUE(fs_->stat(Path("file"), &exists, &is_dir).ok());
+  ASSERT_TRUE(ExistsAndIsDir(*fs_, Path("file"), &exists, &is_dir).ok());
   EXPECT_TRUE(exists);
   EXPECT_FALSE(is_dir);
 }
@@ -347,11 +348,11 @@ TEST_P(FileSystemTest, RemoveTreeRemovesNestedDirsButNotSymlinkTargets) {
   IoStatus s = fs_->remove_tree(Path("tree"));
   ASSERT_TRUE(s.ok()) << s.message();
   bool exists = true, is_dir = false;
-  ASSERT_TRUE(fs_->stat(Path("tree"), &exists, &is_dir).ok());
+  ASSERT_TRUE(ExistsAndIsDir(*fs_, Path("tree"), &exists, &is_dir).ok());
   EXPECT_FALSE(exists);
-  ASSERT_TRUE(fs_->stat(Path("outside/keep"), &exists, &is_dir).ok());
+  ASSERT_TRUE(ExistsAndIsDir(*fs_, Path("outside/keep"), &exists, &is_dir).ok());
   EXPECT_TRUE(exists);
-  ASSERT_TRUE(fs_->stat(Path("outside/keep_dir"), &exists, &is_dir).ok());
+  ASSERT_TRUE(ExistsAndIsDir(*fs_, Path("outside/keep_dir"), &exists, &is_dir).ok());
   EXPECT_TRUE(exists && is_dir);
 }
 
@@ -360,7 +361,7 @@ TEST_P(FileSystemTest, RemoveTreeOfSymlinkRemovesOnlyTheLink) {
   ASSERT_EQ(::symlink(Path("target").c_str(), Path("link").c_str()), 0);
   ASSERT_TRUE(fs_->remove_tree(Path("link")).ok());
   bool exists = false, is_dir = false;
-  ASSERT_TRUE(fs_->stat(Path("target/inner"), &exists, &is_dir).ok());
+  ASSERT_TRUE(ExistsAndIsDir(*fs_, Path("target/inner"), &exists, &is_dir).ok());
   EXPECT_TRUE(exists);
   EXPECT_EQ(fs_->remove_tree(Path("link")).error_number(), ENOENT);
 }
@@ -389,9 +390,9 @@ TEST_P(FileSystemTest, ExchangeSwapsTwoDirectories) {
   }
   ASSERT_TRUE(s.ok()) << s.message();
   bool exists = false, is_dir = false;
-  ASSERT_TRUE(fs_->stat(Path("one/marker2"), &exists, &is_dir).ok());
+  ASSERT_TRUE(ExistsAndIsDir(*fs_, Path("one/marker2"), &exists, &is_dir).ok());
   EXPECT_TRUE(exists);
-  ASSERT_TRUE(fs_->stat(Path("two/marker1"), &exists, &is_dir).ok());
+  ASSERT_TRUE(ExistsAndIsDir(*fs_, Path("two/marker1"), &exists, &is_dir).ok());
   EXPECT_TRUE(exists);
   s = fs_->exchange(Path("one"), Path("missing"));
   EXPECT_EQ(s.error_number(), ENOENT);
