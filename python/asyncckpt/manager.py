@@ -81,8 +81,10 @@ class CheckpointManager:
     def __init__(self, directory, *, save_steps=None, save_secs=None, max_to_keep=5,
                  keep_checkpoint_every_n_hours=0, compression="shuffle+zstd",
                  compression_level=1, staging_bytes=0, on_busy="wait", on_error="stop",
-                 asynchronous=True, basename="model.ckpt", chunk_bytes=4 << 20, num_data_files=2,
-                 background_threads=0, queue_depth=64, use_o_direct=True, force_posix_io=False,
+                 asynchronous=True, basename="model.ckpt",
+                 chunk_bytes=_core.DEFAULT_CHUNK_BYTES,
+                 num_data_files=_core.DEFAULT_NUM_DATA_FILES, background_threads=0,
+                 queue_depth=_core.DEFAULT_QUEUE_DEPTH, use_o_direct=True, force_posix_io=False,
                  metadata=None):
         self._scheduled = save_steps is not None or save_secs is not None
         self._directory = os.fspath(directory)

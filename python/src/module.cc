@@ -360,6 +360,12 @@ PYBIND11_MODULE(_core, m) {
   using namespace asyncckpt;
   using namespace asyncckpt::python;
   m.doc() = "asyncckpt's C++ engine; use the `asyncckpt` package, not this module.";
+  // The options' ranges and defaults, defined once in asyncckpt/limits.h and saver_options.h.
+  m.attr("MIN_CHUNK_BYTES") = kMinChunkBytes;
+  m.attr("MAX_CHUNK_BYTES") = kMaxChunkBytes;
+  m.attr("DEFAULT_CHUNK_BYTES") = SaverOptions{}.chunk_bytes;
+  m.attr("DEFAULT_QUEUE_DEPTH") = kDefaultQueueDepth;
+  m.attr("DEFAULT_NUM_DATA_FILES") = SaverOptions{}.num_data_files;
 
   checkpoint_error = PyErr_NewExceptionWithDoc(
       "asyncckpt.CheckpointError",

@@ -42,30 +42,6 @@ bool IsIntactIndexOfAnotherVersion(std::span<const uint8_t> bytes) {
   return version != kFormatVersion;
 }
 
-// "a FIFO", "a directory", ...: what an entry that should be a regular file is, for messages.
-// (The state unit's DescribeEntryType says the same; format may not include src/state.)
-std::string DescribeEntry(io::EntryType type) {
-  switch (type) {
-    case io::EntryType::kNone:
-      return "missing";
-    case io::EntryType::kFile:
-      return "a file";
-    case io::EntryType::kDirectory:
-      return "a directory";
-    case io::EntryType::kSymlink:
-      return "a symlink";
-    case io::EntryType::kFifo:
-      return "a FIFO";
-    case io::EntryType::kDevice:
-      return "a device";
-    case io::EntryType::kSocket:
-      return "a socket";
-    case io::EntryType::kOther:
-      break;
-  }
-  return "a special file";
-}
-
 // Looked at through lstat before it is opened: a symlink is never followed, a FIFO never opened.
 Status CheckIndexEntry(io::FileSystem& fs, const std::string& checkpoint_path,
                        const std::string& index_path) {
@@ -75,7 +51,7 @@ Status CheckIndexEntry(io::FileSystem& fs, const std::string& checkpoint_path,
     return Status::NotFound("checkpoint " + checkpoint_path + " has no index file " + index_path);
   }
   if (type != io::EntryType::kFile) {
-    return Status::Corruption("index " + index_path + " is " + DescribeEntry(type) +
+    return Status::Corruption("index " + index_path + " is " + DescribeEntryType(type) +
                               ", not a regular file");
   }
   return Status::OK();
@@ -120,7 +96,7 @@ Result<std::vector<uint64_t>> DataFileSizes(io::FileSystem& fs, const std::strin
     RETURN_IF_ERROR(ToStatus(fs.entry_type(data_path, &type)));
     if (type != io::EntryType::kFile && type != io::EntryType::kNone) {
       return Status::Corruption("checkpoint " + checkpoint_path + ": data file " + data_path +
-                                " is " + DescribeEntry(type) + ", not a regular file");
+                                " is " + DescribeEntryType(type) + ", not a regular file");
     }
     uint64_t data_size = 0;
     const io::IoStatus sized = fs.file_size(data_path, &data_size);

@@ -64,28 +64,6 @@ using state_internal::kDeletingInfix;
 using state_internal::kTmpInfix;
 using state_internal::NameProblem;
 
-std::string DescribeEntryType(io::EntryType type) {
-  switch (type) {
-    case io::EntryType::kNone:
-      return "missing";
-    case io::EntryType::kFile:
-      return "a file";
-    case io::EntryType::kDirectory:
-      return "a directory";
-    case io::EntryType::kSymlink:
-      return "a symlink";
-    case io::EntryType::kFifo:
-      return "a FIFO";
-    case io::EntryType::kDevice:
-      return "a device";
-    case io::EntryType::kSocket:
-      return "a socket";
-    case io::EntryType::kOther:
-      break;
-  }
-  return "a special file";
-}
-
 Status ValidateCheckpointName(std::string_view name) {
   const std::string problem = NameProblem(name);
   if (problem.empty()) return Status::OK();

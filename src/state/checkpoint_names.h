@@ -15,12 +15,9 @@
 
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/status.h"
+#include "src/util/io_status.h"
 
 namespace asyncckpt {
-
-/// "a FIFO", "a directory", "missing", ...: what an entry is, for messages such as
-/// "<path> is a FIFO, not a regular file".
-std::string DescribeEntryType(io::EntryType type);
 
 /// OK when `name` may name an entry of a checkpoint directory, else InvalidArgument saying why.
 Status ValidateCheckpointName(std::string_view name);

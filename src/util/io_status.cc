@@ -20,4 +20,26 @@ Status ToStatus(const io::IoStatus& status) {
   }
 }
 
+std::string DescribeEntryType(io::EntryType type) {
+  switch (type) {
+    case io::EntryType::kNone:
+      return "missing";
+    case io::EntryType::kFile:
+      return "a file";
+    case io::EntryType::kDirectory:
+      return "a directory";
+    case io::EntryType::kSymlink:
+      return "a symlink";
+    case io::EntryType::kFifo:
+      return "a FIFO";
+    case io::EntryType::kDevice:
+      return "a device";
+    case io::EntryType::kSocket:
+      return "a socket";
+    case io::EntryType::kOther:
+      break;
+  }
+  return "a special file";
+}
+
 }  // namespace asyncckpt
