@@ -35,6 +35,9 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr uint64_t kPage = 4096;
+// The fixture's weights: 12 x 6400 floats, 75 one-page chunks at the fixture's chunk_bytes.
+constexpr size_t kWeightRows = 12;
+constexpr size_t kWeightColumns = 6400;
 
 // Records every listener call. after_save comes from the engine's commit thread, so everything
 // is guarded, and a test can wait for the n-th save to finish.
@@ -127,7 +130,7 @@ class AsyncSaverHookTest : public ::testing::Test {
     char pattern[] = "/tmp/async_hook_test-XXXXXX";
     ASSERT_NE(mkdtemp(pattern), nullptr);
     dir_ = pattern;
-    weights_.resize(1200);
+    weights_.resize(kWeightRows * kWeightColumns);
     bias_.resize(7);
     AddTensors(&registry_);
   }
@@ -138,7 +141,7 @@ class AsyncSaverHookTest : public ::testing::Test {
     ASSERT_TRUE(registry
                     ->add({"dense/weights",
                            DType::kF32,
-                           {12, 100},
+                           {int64_t(kWeightRows), int64_t(kWeightColumns)},
                            weights_.data(),
                            weights_.size() * sizeof(float),
                            device,
@@ -163,7 +166,7 @@ class AsyncSaverHookTest : public ::testing::Test {
     options.save_steps = save_steps;
     options.file_system = fs_under_test_.get();  // null: the default backend
     options.max_to_keep = 0;
-    options.chunk_bytes = 64;           // 76 chunks per save
+    options.chunk_bytes = kPage;        // 76 chunks per save: 75 of weights, one of bias
     options.staging_bytes = 4 * kPage;  // four chunks: every snapshot streams through it
     options.background_threads = 2;
     return options;
@@ -727,11 +730,11 @@ TEST_F(AsyncSaverHookTest, EachSaveReportsCompressionStats) {
   ASSERT_EQ(stats.size(), 1u);
   uint64_t chunks = 0;
   for (const auto& [codec, count] : stats[0].chunks_by_codec) chunks += count;
-  EXPECT_EQ(chunks, 1200u * 4 / 64 + 1);  // 64-byte chunks of weights, one of bias
+  EXPECT_EQ(chunks, kWeightRows * kWeightColumns * sizeof(float) / kPage + 1);  // weights, bias
   EXPECT_GT(stats[0].chunks_by_codec.count("shuffle+zstd"), 0u);
   // A few chunks of staging never back the encoders up: the level stays where it was set.
   EXPECT_EQ(stats[0].final_level, 7);
-  EXPECT_EQ(stats[0].bytes_raw, 1200u * 4 + 7 * 8);
+  EXPECT_EQ(stats[0].bytes_raw, kWeightRows * kWeightColumns * sizeof(float) + 7 * 8);
   EXPECT_LT(stats[0].bytes_stored, stats[0].bytes_raw);
   const SaverTotals totals = (*hook)->totals();
   ASSERT_EQ(totals.saves.size(), 1u);
@@ -742,10 +745,14 @@ TEST_F(AsyncSaverHookTest, EachSaveReportsCompressionStats) {
 // One tensor of every dtype, filled from (dtype, step); bool holds 0 and 1 only.
 class AllDTypesState {
  public:
+  // Each tensor holds 6150 to 65600 bytes (3 to 6 rows of 1- to 8-byte elements): several chunks
+  // of a few KiB.
+  static constexpr int64_t kColumns = 2050;
+
   AllDTypesState() {
     int index = 0;
     for (DType dtype : kAllDTypes) {
-      const std::vector<int64_t> shape = {3 + index % 4, 41};
+      const std::vector<int64_t> shape = {3 + index % 4, kColumns};
       buffers_.emplace_back(size_t(shape[0] * shape[1]) * DTypeSize(dtype));
       shapes_.push_back(shape);
       ++index;
@@ -828,7 +835,7 @@ TEST_F(AsyncSaverHookTest, RestoresEveryDTypeAfterASaveThroughIoUring) {
   AllDTypesState state;
   TensorRegistry registry = state.Registry();
   SaverOptions options = Options(1);
-  options.chunk_bytes = 100;
+  options.chunk_bytes = kPage + 100;  // 2 to 16 chunks per tensor, not a multiple of the page
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry);
   ASSERT_TRUE(hook.ok());
   Status status = state.Train(hook->get(), 3);
@@ -844,7 +851,7 @@ TEST_F(AsyncSaverHookTest, ForcedPosixBackendRoundTrips) {
   TensorRegistry registry = state.Registry();
   SaverOptions options = Options(2);
   options.force_posix_io = true;
-  options.chunk_bytes = 1000;
+  options.chunk_bytes = kPage + 1000;
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry);
   ASSERT_TRUE(hook.ok());
   ASSERT_TRUE(state.Train(hook->get(), 3).ok());
@@ -877,9 +884,9 @@ TEST_P(AsyncSaverHookIoModeTest, DirectAndBufferedWritesRoundTrip) {
   options.use_o_direct = direct;
   options.force_posix_io = posix;
   options.compression.kind = compression;
-  options.chunk_bytes = 1000;  // not a multiple of the page: O_DIRECT pads and trims
+  options.chunk_bytes = kPage + 1000;  // not a multiple of the page: O_DIRECT pads and trims
   options.num_data_files = 3;
-  options.staging_bytes = 6 * kPage;
+  options.staging_bytes = 6 * 2 * kPage;  // six chunks of two staging pages each
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry);
   ASSERT_TRUE(hook.ok());
   ASSERT_TRUE(state.Train(hook->get(), 4).ok());

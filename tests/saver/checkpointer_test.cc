@@ -31,7 +31,7 @@ class CheckpointerTest : public ::testing::TestWithParam<bool> {
     char pattern[] = "/tmp/checkpointer_test-XXXXXX";
     ASSERT_NE(mkdtemp(pattern), nullptr);
     dir_ = pattern;
-    weights_.resize(1000);
+    weights_.resize(10 * 1600);
     steps_seen_.resize(3);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -46,7 +46,7 @@ class CheckpointerTest : public ::testing::TestWithParam<bool> {
     options.checkpoint_dir = dir_;
     options.save_steps = 3;
     options.max_to_keep = 0;
-    options.chunk_bytes = 256;  // many chunks per save
+    options.chunk_bytes = 4096;  // 16 chunks per save (64000 bytes of weights)
     options.background_threads = 2;
     options.file_system = fs_under_test_.get();  // null: the default backend
     return options;
@@ -68,7 +68,7 @@ class CheckpointerTest : public ::testing::TestWithParam<bool> {
     EXPECT_TRUE(registry
                     .add({"model/w",
                           DType::kF32,
-                          {10, 100},
+                          {10, 1600},
                           weights_.data(),
                           weights_.size() * sizeof(float),
                           nullptr,

@@ -250,6 +250,20 @@ TEST_F(SaverStorageTest, PairedInputBasenameIsValidated) {
   EXPECT_EQ(InputStateFileForBasename("input_worker_1.ckpt"), "checkpoint_input_worker_1");
 }
 
+// The library, the command-line tool and Python share one floor: a chunk below one 4 KiB page
+// would be padded to a page in staging and, under O_DIRECT, in its data file.
+TEST_F(SaverStorageTest, ChunkBytesBelowOnePageIsRefusedWithTheFieldNamed) {
+  SaverOptions options = Options(1);
+  for (uint64_t refused : {uint64_t{4095}, uint64_t{0}}) {
+    options.chunk_bytes = refused;
+    const Status status = ValidateSaverOptions(options);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << refused;
+    EXPECT_THAT(status.message(), HasSubstr("chunk_bytes")) << refused;
+  }
+  options.chunk_bytes = 4096;
+  EXPECT_TRUE(ValidateSaverOptions(options).ok()) << ValidateSaverOptions(options).ToString();
+}
+
 // ---- through a hook -----------------------------------------------------------------------------
 
 // Finding 7: a save whose retention could not delete an old checkpoint (EACCES) was reported as

@@ -48,12 +48,12 @@ class CheckpointSaverHookTest : public ::testing::Test {
     char pattern[] = "/tmp/saver_hook_test-XXXXXX";
     ASSERT_NE(mkdtemp(pattern), nullptr);
     dir_ = pattern;
-    weights_.resize(3000);
+    weights_.resize(12000);
     bias_.resize(7);
     ASSERT_TRUE(registry_
                     .add({"dense/weights",
                           DType::kF32,
-                          {30, 100},
+                          {30, 400},
                           weights_.data(),
                           weights_.size() * sizeof(float),
                           nullptr,
@@ -77,7 +77,7 @@ class CheckpointSaverHookTest : public ::testing::Test {
     SaverOptions options;
     options.checkpoint_dir = dir_;
     options.save_steps = save_steps;
-    options.chunk_bytes = 1000;  // several chunks per tensor
+    options.chunk_bytes = 4096;  // 12 chunks of weights (48000 bytes), one of bias
     return options;
   }
 
@@ -144,8 +144,8 @@ TEST_F(CheckpointSaverHookTest, SavedStateEqualsStateAtThatStepBitForBit) {
   EXPECT_EQ((*reader)->metadata().step, 4);
   auto weights = ReadXarray<float>(**reader, "dense/weights");
   ASSERT_TRUE(weights.ok());
-  ASSERT_EQ(weights->size(), 3000u);
-  for (size_t i = 0; i < 3000; ++i) ASSERT_EQ((*weights).data()[i], float(4000 + i));
+  ASSERT_EQ(weights->size(), 12000u);
+  for (size_t i = 0; i < 12000; ++i) ASSERT_EQ((*weights).data()[i], float(4000 + i));
   EXPECT_EQ((*weights).shape()[0], 30u);
   EXPECT_TRUE((*reader)->verify().problems.empty());
 }
@@ -297,7 +297,7 @@ TEST_F(CheckpointSaverHookTest, EachSaveReportsItsStats) {
   ASSERT_EQ(listener.stats_seen.size(), 2u);
   const SaveStats& stats = listener.stats_seen[1];
   EXPECT_EQ(stats.step, 5);
-  EXPECT_EQ(stats.bytes_raw, 3000 * sizeof(float) + 7 * sizeof(int64_t));
+  EXPECT_EQ(stats.bytes_raw, 12000 * sizeof(float) + 7 * sizeof(int64_t));
   EXPECT_GT(stats.bytes_stored, 0u);
   EXPECT_GT(stats.seconds_to_durable, 0);
   EXPECT_EQ(stats.blocked_seconds, stats.seconds_to_durable);
