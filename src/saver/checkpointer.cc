@@ -62,6 +62,8 @@ class PinnedReader final : public CheckpointReader {
 class Checkpointer::Impl {
  public:
   Impl(std::unique_ptr<SaverCore> core, SaveMode mode) : core_(std::move(core)), mode_(mode) {}
+  // The saves in flight are waited for while the registry the engine borrows still lives.
+  ~Impl() { core_.reset(); }
 
   Status Start() { return core_->StartStorage(); }
 
