@@ -23,6 +23,11 @@ inline constexpr unsigned kMaxQueueDepth = 4096;
 /// Largest background_threads.
 inline constexpr unsigned kMaxBackgroundThreads = 1024;
 
+/// The pinned staging a synchronous save streams the state through when staging_bytes is 0
+/// (or one chunk, when that is larger; never more than one snapshot): its caller waits for the
+/// whole save anyway, so a full copy of the state would double the job's memory and buy nothing.
+inline constexpr uint64_t kSynchronousStagingBytes = 64ull << 20;
+
 /// Most reads or writes a saver or a reader keeps in flight by default (SaverOptions::queue_depth,
 /// ReaderOptions::queue_depth): one default for both, since a read plan coalesces chunks into
 /// extents much as the writer packs them, and both sides reach the device's limit at that depth.

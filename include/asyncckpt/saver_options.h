@@ -78,8 +78,10 @@ struct SaverOptions {
   CompressionOptions compression;
   /// Extra key/values stored in every checkpoint's metadata.
   std::map<std::string, std::string> user_metadata;
-  /// Pinned staging budget in bytes; 0 means one full snapshot of the state. A state larger
-  /// than the budget streams through it (the save then blocks until its last chunk is staged).
+  /// Pinned staging budget in bytes. 0: one full snapshot of the state for an asynchronous
+  /// save, and for a synchronous one (CheckpointSaverHook, SaveMode::kSynchronous) a window of
+  /// kSynchronousStagingBytes the state streams through. A state larger than the budget streams
+  /// through it (an asynchronous save then blocks until its last chunk is staged).
   uint64_t staging_bytes = 0;
   /// What to do when a save is due and staging is busy (or two saves are still uncommitted);
   /// the synchronous hook always waits.

@@ -68,6 +68,15 @@ std::string MemoryHint(const TrainSimConfig& config, const StateLayout& layout, 
   return "";
 }
 
+// The saver's pinned staging, as the saver core sizes it (SaverCore::StagingBytesFor).
+uint64_t PlannedStaging(const TrainSimConfig& config, const StateLayout& layout) {
+  if (config.saver_kind != "async" && config.saver_kind != "sync") return 0;
+  if (config.saver.staging_bytes != 0) return config.saver.staging_bytes;
+  if (config.saver_kind == "async") return layout.snapshot();
+  return std::min(layout.snapshot(),
+                  std::max<uint64_t>(kSynchronousStagingBytes, layout.largest_chunk()));
+}
+
 // The parts of the plan, each naming the flags that size it: the state, one snapshot of staging
 // and the yardstick's copy all grow with --model_bytes.
 std::vector<MemoryPart> PlannedParts(const ParsedFlags& flags, const TrainSimConfig& config,
@@ -81,8 +90,11 @@ std::vector<MemoryPart> PlannedParts(const ParsedFlags& flags, const TrainSimCon
   const bool explicit_staging = config.saver.staging_bytes != 0;
   return {
       {"state", model_bytes, layout.state()},
-      {explicit_staging ? "pinned staging" : "pinned staging of one snapshot",
-       explicit_staging ? GivenFlag(flags, "staging_bytes") : model_bytes, staging},
+      {explicit_staging || config.saver_kind == "sync" ? "pinned staging"
+                                                       : "pinned staging of one snapshot",
+       explicit_staging || config.saver_kind == "sync" ? GivenFlag(flags, "staging_bytes")
+                                                       : model_bytes,
+       staging},
       {"memcpy yardstick copy", model_bytes, config.memcpy_yardstick ? layout.state() : 0},
       {"input buffers",
        GivenFlag(flags, "shuffle_buffer") + " and " + GivenFlag(flags, "prefetch") + " with " +
@@ -95,9 +107,7 @@ std::vector<MemoryPart> PlannedParts(const ParsedFlags& flags, const TrainSimCon
 
 Status CheckTrainSimMemory(const ParsedFlags& flags, const TrainSimConfig& config) {
   const StateLayout layout = LayoutOf(config.model, config.saver.chunk_bytes);
-  const uint64_t staging = config.saver_kind != "async"      ? 0
-                           : config.saver.staging_bytes != 0 ? config.saver.staging_bytes
-                                                             : layout.snapshot();
+  const uint64_t staging = PlannedStaging(config, layout);
   const std::vector<MemoryPart> parts = PlannedParts(flags, config, layout, staging);
   AvailableMemory available = MachineAvailableMemory();
   if (config.max_memory) available = {*config.max_memory, GivenFlag(flags, "max_memory")};

@@ -159,12 +159,11 @@ class Checkpointer::Impl {
  private:
   // Points the engine at `registry`. The engine reads its registry only in Create and Submit, so
   // the copy it borrows is replaced here, between submits; a new engine (waiting for the saves
-  // in flight) is needed only when staging must be pinned by another device or, sized by the
-  // first snapshot (staging_bytes 0), is too small for this one.
+  // in flight) is needed only when staging must be pinned by another device or, sized from an
+  // earlier state (staging_bytes 0), is smaller than this one's would be.
   Status PrepareEngine(const TensorRegistry& registry, const SnapshotPlan& plan) {
-    const bool fits =
-        core_->has_engine() && StagingDevice(registry) == staging_device_ &&
-        (core_->options().staging_bytes != 0 || plan.staging_bytes <= core_->staging_budget());
+    const bool fits = core_->has_engine() && StagingDevice(registry) == staging_device_ &&
+                      core_->StagingBytesFor(plan) <= core_->staging_budget();
     registry_ = registry;
     if (fits) return Status::OK();
     staging_device_ = StagingDevice(registry);

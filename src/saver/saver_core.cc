@@ -53,13 +53,31 @@ Status SaverCore::StartWithEngine(const TensorRegistry& registry) {
 
 EngineOptions SaverCore::engine_options() const { return EngineOptionsFor(options_, job_token_); }
 
+uint64_t SaverCore::StagingBytesFor(const SnapshotPlan& plan) const {
+  if (options_.staging_bytes != 0) return options_.staging_bytes;
+  if (!synchronous()) return plan.staging_bytes;
+  // The caller waits for the whole save anyway: the state streams through a window, and the job
+  // needs no second copy of it.
+  return std::min(plan.staging_bytes,
+                  std::max<uint64_t>(kSynchronousStagingBytes, plan.largest_chunk_bytes));
+}
+
+EngineOptions SaverCore::WithStaging(const TensorRegistry& registry,
+                                     EngineOptions engine_options) const {
+  if (engine_options.staging_bytes != 0 || !synchronous()) return engine_options;
+  // Sized only: a registry the format cannot hold is refused by its first save, as without it.
+  Result<SnapshotPlan> plan = PlanSnapshot(registry, engine_options, "");
+  if (plan.ok()) engine_options.staging_bytes = StagingBytesFor(*plan);
+  return engine_options;
+}
+
 Status SaverCore::CreateEngine(const TensorRegistry* registry,
                                const EngineOptions& engine_options) {
   if (engine_) engine_->WaitAll();
   engine_.reset();
-  ASSIGN_OR_RETURN(engine_,
-                   Engine::Create(engine_options, storage_.fs, storage_.manager.get(), registry,
-                                  [this](const SaveStats& stats) { OnDone(stats); }));
+  ASSIGN_OR_RETURN(engine_, Engine::Create(WithStaging(*registry, engine_options), storage_.fs,
+                                           storage_.manager.get(), registry,
+                                           [this](const SaveStats& stats) { OnDone(stats); }));
   return Status::OK();
 }
 

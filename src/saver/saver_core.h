@@ -82,7 +82,11 @@ class SaverCore {
   Status StartWithEngine(const TensorRegistry& registry);
   /// The engine options the saver's options give (job token included once started).
   EngineOptions engine_options() const;
-  /// Replaces the engine (after waiting for the saves in flight) by one over `registry`.
+  /// The staging an engine over a state of `plan` gets: options.staging_bytes when set; else
+  /// one snapshot (asynchronous), or a window of kSynchronousStagingBytes (synchronous).
+  uint64_t StagingBytesFor(const SnapshotPlan& plan) const;
+  /// Replaces the engine (after waiting for the saves in flight) by one over `registry`, with
+  /// `engine_options` and the staging StagingBytesFor gives.
   Status CreateEngine(const TensorRegistry* registry, const EngineOptions& engine_options);
   /// Whether an engine exists.
   bool has_engine() const { return engine_ != nullptr; }
@@ -125,6 +129,7 @@ class SaverCore {
  private:
   SaverCore(SaverOptions options, SaverCoreSetup setup, SaveSchedule schedule);
   void OnDone(const SaveStats& stats);
+  EngineOptions WithStaging(const TensorRegistry& registry, EngineOptions engine_options) const;
   void Record(const SaveStats& stats);
   bool synchronous() const { return setup_.mode == SaveMode::kSynchronous; }
 

@@ -198,6 +198,51 @@ TEST_F(CheckpointSaverHookTest, WritesByteForByteWhatTheAsynchronousHookWrites) 
   EXPECT_EQ(fs::file_size(sync_ckpt + "/index"), fs::file_size(async_ckpt + "/index"));
 }
 
+// The synchronous hook's caller waits for the whole save anyway: a state larger than
+// kSynchronousStagingBytes streams through that window instead of a second copy of the state,
+// and restores bit for bit. The asynchronous hook, beside it, stages the whole snapshot.
+TEST_F(CheckpointSaverHookTest, AStateLargerThanTheWindowStreamsThroughBoundedStaging) {
+  const uint64_t state_bytes = kSynchronousStagingBytes + (16ull << 20);
+  std::vector<float> big(state_bytes / sizeof(float));
+  ASSERT_TRUE(registry_
+                  .add({"dense/big",
+                        DType::kF32,
+                        {static_cast<int64_t>(big.size())},
+                        big.data(),
+                        big.size() * sizeof(float),
+                        nullptr,
+                        {},
+                        {}})
+                  .ok());
+  std::iota(big.begin(), big.end(), 0.25f);
+  SaverOptions options = Options(100);
+  options.chunk_bytes = 1 << 20;
+  options.compression.kind = CompressionKind::kNone;
+  auto sync = CheckpointSaverHook::Create(options, &registry_);
+  ASSERT_TRUE(sync.ok());
+  ASSERT_TRUE((*sync)->begin().ok());
+  ASSERT_TRUE((*sync)->after_create_session(7).ok());
+  ASSERT_TRUE((*sync)->end(7).ok());
+  const SaverTotals totals = (*sync)->totals();
+  EXPECT_EQ(totals.saves_committed, 1);
+  EXPECT_GT(totals.staging_high_water_bytes, 0u);
+  EXPECT_LE(totals.staging_high_water_bytes, kSynchronousStagingBytes);
+
+  auto reader = CheckpointReader::Open(dir_ + "/model.ckpt-7");
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  std::vector<float> restored(big.size());
+  ASSERT_TRUE((*reader)->read("dense/big", restored.data(), state_bytes).ok());
+  EXPECT_TRUE(restored == big);
+
+  options.checkpoint_dir = dir_ + "/async";
+  auto async = AsyncCheckpointSaverHook::Create(options, &registry_);
+  ASSERT_TRUE(async.ok());
+  ASSERT_TRUE((*async)->begin().ok());
+  ASSERT_TRUE((*async)->after_create_session(7).ok());
+  ASSERT_TRUE((*async)->end(7).ok());
+  EXPECT_GE((*async)->totals().staging_high_water_bytes, state_bytes);
+}
+
 TEST_F(CheckpointSaverHookTest, ListenerAskingToStopEndsTheLoop) {
   RecordingListener listener;
   listener.stop_after_step = 3;
