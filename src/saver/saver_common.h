@@ -1,7 +1,8 @@
 #pragma once
 
-// What the synchronous and the asynchronous saver hooks share: option checks, the save
-// schedule (TensorFlow CheckpointSaverHook's rules), and the start-up of a checkpoint directory.
+// The savers' building blocks below the saver core: option checks, the save schedule
+// (TensorFlow CheckpointSaverHook's rules), the start-up of a checkpoint directory (lock,
+// clean-up, multi-process agreement), and the engine options a saver's options give.
 
 #include <chrono>
 #include <functional>
@@ -12,7 +13,7 @@
 
 #include "asyncckpt/coordinator.h"
 #include "asyncckpt/file_system.h"
-#include "asyncckpt/saver_hook.h"
+#include "asyncckpt/saver_options.h"
 #include "asyncckpt/timer.h"
 #include "src/engine/engine.h"
 #include "src/state/checkpoint_state.h"
@@ -128,13 +129,5 @@ EngineOptions EngineOptionsFor(const SaverOptions& saver, std::string job_token 
 /// The state file of input pipeline checkpoints named `basename`: "checkpoint_" + the basename
 /// without ".ckpt" ("checkpoint_input" for "input.ckpt"; TensorFlow's latest_filename).
 std::string InputStateFileForBasename(const std::string& basename);
-
-/// Tells every listener about a finished save; true when one of them asks to stop.
-bool NotifyAfterSave(const std::vector<CheckpointSaverListener*>& listeners, int64_t step,
-                     const SaveStats& stats);
-
-/// Adds one finished save to the running totals and to the window of recent saves, dropping the
-/// oldest save beyond kSaverTotalsWindow.
-void AddToTotals(const SaveStats& stats, SaverTotals* totals);
 
 }  // namespace asyncckpt

@@ -12,6 +12,33 @@
 
 namespace asyncckpt {
 
+bool NotifyAfterSave(const std::vector<CheckpointSaverListener*>& listeners, int64_t step,
+                     const SaveStats& stats) {
+  bool stop = false;
+  for (auto* listener : listeners) stop = listener->after_save(step, stats) || stop;
+  return stop;
+}
+
+void AddToTotals(const SaveStats& stats, SaverTotals* totals) {
+  if (stats.status.ok()) {
+    ++totals->saves_committed;
+    totals->bytes_raw += stats.bytes_raw;
+    totals->bytes_stored += stats.bytes_stored;
+    totals->seconds_to_durable_total += stats.seconds_to_durable;
+    totals->seconds_to_durable_max =
+        std::max(totals->seconds_to_durable_max, stats.seconds_to_durable);
+    for (const auto& [codec, chunks] : stats.chunks_by_codec) {
+      totals->chunks_by_codec[codec] += chunks;
+    }
+  } else {
+    ++totals->saves_failed;
+  }
+  totals->blocked_seconds_total += stats.blocked_seconds;
+  totals->blocked_seconds_max = std::max(totals->blocked_seconds_max, stats.blocked_seconds);
+  totals->saves.push_back(stats);
+  while (totals->saves.size() > kSaverTotalsWindow) totals->saves.pop_front();
+}
+
 Result<std::unique_ptr<SaverCore>> SaverCore::Create(SaverOptions options, SaverCoreSetup setup) {
   RETURN_IF_ERROR(ValidateSaverOptions(options));
   SaverOptions schedule_options = options;

@@ -65,6 +65,14 @@ struct CoreSaveResult {
   bool stop_requested = false;
 };
 
+/// Tells every listener about a finished save; true when one of them asks to stop.
+bool NotifyAfterSave(const std::vector<CheckpointSaverListener*>& listeners, int64_t step,
+                     const SaveStats& stats);
+
+/// Adds one finished save to the running totals and to the window of recent saves, dropping the
+/// oldest save beyond kSaverTotalsWindow.
+void AddToTotals(const SaveStats& stats, SaverTotals* totals);
+
 /// The saver core. Start, engine creation, Save, WaitAll and End run on the saver's own thread
 /// (the training thread); totals() and the engine's completions may run on any thread.
 class SaverCore {
