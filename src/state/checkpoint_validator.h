@@ -30,7 +30,7 @@ using CheckpointValidator =
 
 /// The validator a manager uses when given none: complete when the directory holds a regular
 /// file named "index" (wall time 0). The savers inject one that decodes the index and checks
-/// every chunk against its data files (src/saver/saver_common.h).
+/// every chunk against its data files (ValidateCheckpointDirectory, src/state/committed_steps.h).
 Result<ValidCheckpoint> IndexFileExists(io::FileSystem& fs, const std::string& checkpoint_path);
 
 // Shared with the start-up pass (src/state); not for other callers.
