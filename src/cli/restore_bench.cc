@@ -179,7 +179,8 @@ void PrintJson(const CheckpointReader& reader, const BenchFlags& flags, uint64_t
 
 int RestoreBenchCommand(int argc, char** argv) {
   const std::vector<FlagSpec> specs = {
-      {"queue_depth", std::to_string(kDefaultQueueDepth), "most reads in flight at once (1 to 4096)"},
+      {"queue_depth", std::to_string(kDefaultQueueDepth),
+       "most reads in flight at once (1 to 4096)"},
       {"o_direct", "1", "read with O_DIRECT (1) or through the page cache (0)"},
       {"repeat", "1", "restores to run (1 to 1000)"},
       {"drop_cache", "", "drop the data files' cached pages before each restore", true},
