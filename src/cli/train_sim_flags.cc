@@ -35,7 +35,8 @@ const std::vector<FlagSpec>& TrainSimFlags() {
        "fsync of one file per tensor on the training thread: the numpy.save baseline) or none "
        "(no checkpointing: the step-time reference)"},
       {"staging_bytes", "0",
-       "pinned staging budget (0 = one full snapshot for async, a 64 MiB window for sync)"},
+       "pinned staging budget (0 = one full snapshot for async, a " +
+           std::to_string(kSynchronousStagingBytes >> 20) + " MiB window for sync)"},
       {"on_busy", "wait", "async: wait or skip when a save is due and staging is busy"},
       {"on_error", "stop", "async: stop or continue when a background save (model or input) fails"},
       {"background_threads", "0", "async: threads of the background arena (0 = all cores)"},

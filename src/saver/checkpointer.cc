@@ -167,7 +167,10 @@ class Checkpointer::Impl {
     registry_ = registry;
     if (fits) return Status::OK();
     staging_device_ = StagingDevice(registry);
-    return core_->CreateEngine(&registry_, core_->engine_options());
+    // Sized from the plan at hand, so that the core need not plan the registry again.
+    EngineOptions engine_options = core_->engine_options();
+    engine_options.staging_bytes = core_->StagingBytesFor(plan);
+    return core_->CreateEngine(&registry_, engine_options);
   }
 
   std::unique_ptr<SaverCore> core_;

@@ -94,7 +94,8 @@ class SaverCore {
   /// one snapshot (asynchronous), or a window of kSynchronousStagingBytes (synchronous).
   uint64_t StagingBytesFor(const SnapshotPlan& plan) const;
   /// Replaces the engine (after waiting for the saves in flight) by one over `registry`, with
-  /// `engine_options` and the staging StagingBytesFor gives.
+  /// `engine_options`; staging_bytes 0 there gets what StagingBytesFor gives (a caller that
+  /// has the registry's plan sets it from that instead).
   Status CreateEngine(const TensorRegistry* registry, const EngineOptions& engine_options);
   /// Whether an engine exists.
   bool has_engine() const { return engine_ != nullptr; }

@@ -25,6 +25,7 @@
 #include "src/format/format.h"
 #include "src/format/writer.h"
 #include "src/state/committed_steps.h"
+#include "tests/support/checkpoint_dir_test.h"
 #include "tests/support/checkpoint_files.h"
 #include "tests/support/files.h"
 
@@ -45,50 +46,8 @@ std::string Name(const std::string& basename, int step) {
 }
 std::string Name(int step) { return Name(kModel, step); }
 
-class SaverStorageTest : public ::testing::Test {
+class SaverStorageTest : public testing_support::CheckpointDirTest {
  protected:
-  void SetUp() override {
-    std::string pattern = (fs::path(::testing::TempDir()) / "saver_storage_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-    posix_ = io::NewPosixFileSystem();
-    values_.resize(4096);
-    for (size_t i = 0; i < values_.size(); ++i) values_[i] = static_cast<float>(i);
-  }
-  void TearDown() override {
-    std::error_code ignored;
-    fs::remove_all(dir_, ignored);
-  }
-
-  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
-
-  // A complete checkpoint "<basename>-<step>" with two data files, committed at `wall_time`.
-  void WriteCheckpoint(int step, double wall_time = 0, const std::string& basename = kModel) {
-    const std::string path = Path(Name(basename, step));
-    ASSERT_TRUE(fs::create_directory(path));
-    const format::HostTensor tensor{
-        "w", DType::kF32, {4096}, values_.data(), values_.size() * sizeof(float)};
-    testing_support::WriterOptions options;
-    options.chunk_bytes = 4096;
-    options.num_data_files = 2;
-    options.compression.kind = CompressionKind::kNone;
-    const CheckpointMetadata metadata{step, wall_time, {}};
-    auto written =
-        testing_support::WriteCheckpointFiles(*posix_, path, {&tensor, 1}, metadata, options);
-    ASSERT_TRUE(written.ok()) << written.status().ToString();
-  }
-
-  void WriteState(const std::vector<int>& steps, const std::string& basename = kModel,
-                  const std::string& state_file = kCheckpointStateFileName) {
-    CheckpointState state;
-    for (int step : steps) {
-      state.all_model_checkpoint_paths.push_back(Name(basename, step));
-      state.all_model_checkpoint_timestamps.push_back(step);
-    }
-    if (!steps.empty()) state.model_checkpoint_path = state.all_model_checkpoint_paths.back();
-    ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state, state_file).ok());
-  }
-
   SaverOptions Options(int max_to_keep, io::FileSystem* file_system = nullptr) {
     SaverOptions options;
     options.checkpoint_dir = dir_;
@@ -108,10 +67,6 @@ class SaverStorageTest : public ::testing::Test {
     }
     return names;
   }
-
-  std::string dir_;
-  std::unique_ptr<io::FileSystem> posix_;
-  std::vector<float> values_;
 };
 
 // ---- the validator at start-up

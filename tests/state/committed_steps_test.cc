@@ -15,6 +15,7 @@
 #include "src/format/format.h"
 #include "src/format/writer.h"
 #include "src/state/checkpoint_state.h"
+#include "tests/support/checkpoint_dir_test.h"
 #include "tests/support/checkpoint_files.h"
 #include "tests/support/files.h"
 
@@ -30,53 +31,7 @@ constexpr char kModel[] = "model.ckpt";
 
 std::string Name(int step) { return std::string(kModel) + "-" + std::to_string(step); }
 
-class CommittedStepsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string pattern = (fs::path(::testing::TempDir()) / "committed_steps_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-    posix_ = io::NewPosixFileSystem();
-    values_.resize(4096);
-    for (size_t i = 0; i < values_.size(); ++i) values_[i] = static_cast<float>(i);
-  }
-  void TearDown() override {
-    std::error_code ignored;
-    fs::remove_all(dir_, ignored);
-  }
-
-  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
-
-  // A complete checkpoint "model.ckpt-<step>" with two data files, committed at `wall_time`.
-  void WriteCheckpoint(int step, double wall_time = 0) {
-    const std::string path = Path(Name(step));
-    ASSERT_TRUE(fs::create_directory(path));
-    const format::HostTensor tensor{
-        "w", DType::kF32, {4096}, values_.data(), values_.size() * sizeof(float)};
-    testing_support::WriterOptions options;
-    options.chunk_bytes = 4096;
-    options.num_data_files = 2;
-    options.compression.kind = CompressionKind::kNone;
-    const CheckpointMetadata metadata{step, wall_time, {}};
-    auto written =
-        testing_support::WriteCheckpointFiles(*posix_, path, {&tensor, 1}, metadata, options);
-    ASSERT_TRUE(written.ok()) << written.status().ToString();
-  }
-
-  void WriteState(const std::vector<int>& steps) {
-    CheckpointState state;
-    for (int step : steps) {
-      state.all_model_checkpoint_paths.push_back(Name(step));
-      state.all_model_checkpoint_timestamps.push_back(step);
-    }
-    if (!steps.empty()) state.model_checkpoint_path = state.all_model_checkpoint_paths.back();
-    ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
-  }
-
-  std::string dir_;
-  std::unique_ptr<io::FileSystem> posix_;
-  std::vector<float> values_;
-};
+class CommittedStepsTest : public testing_support::CheckpointDirTest {};
 
 TEST_F(CommittedStepsTest, ValidatorAcceptsACompleteCheckpointWithItsWallTime) {
   WriteCheckpoint(3, 1234.5);
