@@ -1,22 +1,35 @@
 """asyncckpt for Python: checkpoints of PyTorch and NumPy training state, written in the
 background by the C++ engine while training goes on.
 
-    manager = asyncckpt.CheckpointManager("/ckpt", save_steps=100)
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
-    start = manager.restore(state) or 0
-    ...
-    manager.maybe_save(step, {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
-    manager.close()
+    state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "step": 0}
+    with asyncckpt.CheckpointManager("/ckpt", save_steps=100) as manager:
+        manager.restore(state)  # calls model.load_state_dict(...) and the others' too
+        for step in range(state["step"] + 1, last + 1):
+            ...  # one training step
+            state["step"] = step
+            manager.maybe_save(step, state)  # saves when step % 100 == 0
+
+Modules, optimizers, LR schedulers and any object with state_dict() / load_state_dict() are
+stored as their state_dict() and restored through load_state_dict(), as
+torch.distributed.checkpoint does it. The library's log lines go to
+logging.getLogger("asyncckpt").
 """
 
+from . import _logging
 from ._core import CheckpointError, cuda_available
+from ._steps import StepAlreadyExistsError
+from ._version import __version__
 from .manager import CheckpointManager, SaveStats, Stats, latest_checkpoint, load
+
+_logging.capture()
 
 __all__ = [
     "CheckpointError",
     "CheckpointManager",
     "SaveStats",
+    "StepAlreadyExistsError",
     "Stats",
+    "__version__",
     "cuda_available",
     "latest_checkpoint",
     "load",

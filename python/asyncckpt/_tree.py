@@ -21,6 +21,8 @@ import sys
 import numpy as np
 
 from . import _dtypes
+from . import _pickled
+from . import _shared
 
 TREE_KEY_PREFIX = "asyncckpt.python.tree."
 FORMAT_KEY = "asyncckpt.python.format"
@@ -171,12 +173,16 @@ def encode_value(value, where):
         return {"y": base64.b64encode(value).decode("ascii")}
     if isinstance(value, np.generic) and value.dtype.kind in "biufc":
         return {"ns": value.dtype.str, "v": value.tobytes().hex()}
+    pickled = _pickled.encode(value, where)  # only with allow_pickle=True
+    if pickled is not None:
+        return pickled
     raise TypeError(f"the value at {where} is a {kind.__module__}.{kind.__qualname__}, which "
                     "asyncckpt cannot store: use tensors, arrays, dicts, lists, tuples, None, "
-                    "bool, int, float, complex, str, bytes or NumPy scalars")
+                    "bool, int, float, complex, str, bytes or NumPy scalars (or pass "
+                    "allow_pickle=True)")
 
 
-def decode_value(node):
+def decode_value(node, where="a value"):
     if "n" in node:
         return None
     if "b" in node:
@@ -193,6 +199,8 @@ def decode_value(node):
         return base64.b64decode(node["y"])
     if "ns" in node:
         return np.frombuffer(bytes.fromhex(node["v"]), dtype=np.dtype(node["ns"]))[0]
+    if "p" in node:
+        return _pickled.decode(node, where)
     raise ValueError(f"unknown node in the checkpoint's Python tree: {sorted(node)}")
 
 
@@ -244,6 +252,7 @@ def flatten(state):
                         f"{type(state).__name__}")
     leaves = []
     root = _flatten(state, [], leaves)
+    leaves = _shared.dedupe(leaves, root)  # tied tensors are stored once
     text = json.dumps({"root": root}, separators=(",", ":"), allow_nan=False)
     metadata = {FORMAT_KEY: FORMAT_VERSION}
     for index, start in enumerate(range(0, max(len(text), 1), _PIECE_CHARS)):
@@ -284,6 +293,7 @@ class Plan:
         self.keep = []  # arrays read into, alive until the reads are done
         self.copies = []  # (destination, contiguous temporary)
         self.assigns = []  # (container, key, value)
+        self.built = {}  # tensor name -> the tensor or array it went into (for tied ones)
 
     def read(self, name, canonical, node_shape, array, address, cuda):
         stored, _ = _dtypes.STORED[canonical]
@@ -336,8 +346,11 @@ def build(node, names, plan):
             swapped = array.astype(np.dtype(node["dt"]))
             plan.keep.append(array)
             plan.copies.append((swapped, array))
-            return swapped
+            array = swapped
+        plan.built[node["T"]] = array
         return array
+    if _shared.is_alias(node):
+        return _shared.build_alias(node, plan, _where(names))
     if "d" in node:
         kind = collections.OrderedDict if node.get("o") else dict
         out = kind()
@@ -350,7 +363,7 @@ def build(node, names, plan):
         return [build(child, names + [str(i)], plan) for i, child in enumerate(node["l"])]
     if "t" in node:
         return tuple(build(child, names + [str(i)], plan) for i, child in enumerate(node["t"]))
-    return decode_value(node)
+    return decode_value(node, _where(names))
 
 
 def _key_name(key):
@@ -366,9 +379,9 @@ def _describe(value):
 
 
 def describe_node(node):
-    if "T" in node:
+    if "T" in node or "A" in node:
         return f"a tensor of shape {tuple(node['sh'])} and dtype {node_canonical(node)}"
-    for key, what in (("d", "dict"), ("l", "list"), ("t", "tuple")):
+    for key, what in (("d", "dict"), ("l", "list"), ("t", "tuple"), ("p", "pickled value")):
         if key in node:
             return f"a {what}"
     return f"a {type(decode_value(node)).__name__}"
@@ -385,6 +398,7 @@ def fill_tensor(template, node, names, plan):
         raise ValueError(f"cannot restore {where}: the checkpoint holds {describe_node(node)}, "
                          f"the given state {_describe(template)}")
     stored_shape = _stored_shape(node, canonical)
+    plan.built[node["T"]] = template
     if isinstance(template, np.ndarray):
         if not template.flags.writeable:
             raise ValueError(f"cannot restore {where}: the given array is read-only")
@@ -414,11 +428,14 @@ def fill(template, node, names, plan):
     where = _where(names)
     if template is None:
         return build(node, names, plan)
-    if "T" in node:
+    if "T" in node or _shared.is_alias(node):
         if not is_array(template):
             raise ValueError(f"cannot restore {where}: the checkpoint holds "
                              f"{describe_node(node)}, the given state {_describe(template)}")
-        fill_tensor(template, node, names, plan)
+        if _shared.is_alias(node):
+            _shared.fill_alias(template, node, plan, where)
+        else:
+            fill_tensor(template, node, names, plan)
         return template
     if is_array(template):
         raise ValueError(f"cannot restore {where}: the checkpoint holds {describe_node(node)}, "

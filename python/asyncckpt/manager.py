@@ -1,13 +1,22 @@
 """CheckpointManager, load() and the statistics types: the Python face of asyncckpt."""
 
+from __future__ import annotations
+
 import dataclasses
 import os
 import warnings
 import weakref
+from typing import Any, Mapping, Optional, Union
 
 from . import _core
 from . import _dtypes
+from . import _logging
+from . import _pickled
+from . import _stateful
+from . import _steps
 from . import _tree
+
+StrPath = Union[str, "os.PathLike[str]"]
 
 CheckpointError = _core.CheckpointError
 
@@ -19,7 +28,7 @@ class SaveStats:
     step: int
     path: str  #: the committed checkpoint directory ("" when the save failed before its commit)
     ok: bool
-    error: "str | None"  #: why it failed, or None
+    error: Optional[str]  #: why it failed, or None
     bytes_raw: int  #: bytes of tensor data
     bytes_stored: int  #: bytes written to data files
     chunks_by_codec: dict  #: chunks written per codec ("raw", "zstd", "shuffle+zstd")
@@ -62,9 +71,17 @@ class CheckpointManager:
     """Saves and restores a training job's state in a checkpoint directory.
 
     The options are the C++ SaverOptions under their own names. Exactly one of ``save_steps`` /
-    ``save_secs`` drives ``maybe_save`` (TensorFlow's SecondOrStepTimer: the first step it sees
-    saves, then every N steps or seconds); with neither, only ``save`` may be called. A bad option
-    raises ValueError with the C++ message.
+    ``save_secs`` drives ``maybe_save`` and ``should_save``; with neither, only ``save`` may be
+    called. ``save_steps=N`` follows Orbax: a step is due when ``step % N == 0`` (so the step
+    numbers are the same across restarts), unlike the C++ hooks' SecondOrStepTimer (the first
+    step seen, then every N steps after the last save). ``save_secs`` is that timer's: the first
+    step seen, then the first step ``save_secs`` seconds after the last save. Either way a step
+    that is not above every step saved so far is never due. A bad option raises ValueError.
+
+    A state is a dict, list or tuple of tensors, arrays, plain values and stateful objects
+    (anything with ``state_dict()`` / ``load_state_dict()``: modules, optimizers, schedulers),
+    nested. Steps are ints in [0, 2**63 - 1]; ``save`` of a step that is not above every saved
+    step raises StepAlreadyExistsError unless ``force=True``.
 
     ``asynchronous=True`` (the default): ``save`` returns once the state is copied into pinned
     staging memory; compression, writing and the commit run on background threads.
@@ -78,42 +95,69 @@ class CheckpointManager:
     Not thread-safe beyond this: calls from several threads are serialised.
     """
 
-    def __init__(self, directory, *, save_steps=None, save_secs=None, max_to_keep=5,
-                 keep_checkpoint_every_n_hours=0, compression="shuffle+zstd",
-                 compression_level=1, staging_bytes=0, on_busy="wait", on_error="stop",
-                 asynchronous=True, basename="model.ckpt",
-                 chunk_bytes=_core.DEFAULT_CHUNK_BYTES,
-                 num_data_files=_core.DEFAULT_NUM_DATA_FILES, background_threads=0,
-                 queue_depth=_core.DEFAULT_QUEUE_DEPTH, use_o_direct=True, force_posix_io=False,
-                 metadata=None):
+    def __init__(self, directory: StrPath, *, save_steps: Optional[int] = None,
+                 save_secs: Optional[float] = None, max_to_keep: int = 5,
+                 keep_checkpoint_every_n_hours: float = 0, compression: str = "shuffle+zstd",
+                 compression_level: int = 1, staging_bytes: int = 0, on_busy: str = "wait",
+                 on_error: str = "stop", asynchronous: bool = True, basename: str = "model.ckpt",
+                 chunk_bytes: int = _core.DEFAULT_CHUNK_BYTES,
+                 num_data_files: int = _core.DEFAULT_NUM_DATA_FILES,
+                 background_threads: int = 0, queue_depth: int = _core.DEFAULT_QUEUE_DEPTH,
+                 use_o_direct: bool = True, force_posix_io: bool = False,
+                 metadata: Optional[Mapping[str, str]] = None) -> None:
         self._scheduled = save_steps is not None or save_secs is not None
+        # save_steps is Python's schedule (Orbax's rule); the C++ timer then sees every step.
+        self._save_steps = _steps.check_save_steps(save_steps) if save_secs is None else None
         self._directory = os.fspath(directory)
         self._on_error = on_error
         self._failures_seen = 0
         self._core = _core.Checkpointer(
             self._directory,
             # The C++ options need a schedule; save() alone ignores it, maybe_save refuses.
-            save_steps if self._scheduled else 1,
+            save_steps if save_secs is not None else 1,
             save_secs, max_to_keep, float(keep_checkpoint_every_n_hours), compression,
             compression_level, staging_bytes, on_busy, on_error, asynchronous, basename,
             chunk_bytes, num_data_files, background_threads, queue_depth, use_o_direct,
             force_posix_io, dict(metadata or {}))
         self._closed = False
         self._finalizer = weakref.finalize(self, _close_quietly, self._core)
+        self._ledger = _steps.StepLedger(self._core.latest_step())
+        self._last_submitted = None
+        _logging.drain()
 
     # ---- saving ----------------------------------------------------------------------------
 
-    def save(self, step, state):
+    def save(self, step: int, state: Any, *, force: bool = False,
+             allow_pickle: bool = False) -> None:
         """Saves ``state`` as checkpoint ``step`` now.
 
         Returns once the state may change again (asynchronous: after the snapshot copy).
+        ``step`` must be above every step saved so far (StepAlreadyExistsError otherwise)
+        unless ``force``. ``allow_pickle`` stores values with no exact form (see load()).
         """
-        leaves, metadata = _tree.flatten(state)
-        self._core.save(int(step), [leaf.spec() for leaf in leaves], metadata)
+        step = _steps.check_step(step)
+        self._ledger.check_new(step, force, self._core.checkpoint_path)
+        leaves, metadata = _flatten(state, allow_pickle)
+        try:
+            self._core.save(step, [leaf.spec() for leaf in leaves], metadata)
+            self._last_submitted = step
+            self._ledger.saved(step)
+        finally:
+            _logging.drain()
         self._warn_about_failures()
 
-    def maybe_save(self, step, state):
-        """Saves ``state`` as checkpoint ``step`` when save_steps / save_secs say so.
+    def should_save(self, step: int) -> bool:
+        """Whether ``maybe_save(step, ...)`` would save: with save_steps, ``step % N == 0``; with
+        save_secs, the timer's rule; never for a step not above every step saved so far."""
+        step = _steps.check_step(step)
+        if not self._scheduled or not self._ledger.is_new(step):
+            return False
+        if self._save_steps is not None:
+            return step % self._save_steps == 0
+        return self._core.due(step)
+
+    def maybe_save(self, step: int, state: Any, *, allow_pickle: bool = False) -> bool:
+        """Saves ``state`` as checkpoint ``step`` when ``should_save(step)``.
 
         Returns True when a save was taken (False when none was due, or with on_busy="skip" when
         staging was still busy). Cheap when no save is due: the state is not even looked at.
@@ -121,31 +165,51 @@ class CheckpointManager:
         if not self._scheduled:
             raise ValueError("maybe_save needs save_steps or save_secs; use save() to save "
                              "at a step of your choice")
-        step = int(step)
-        # Raises a background failure (on_error="stop") whether or not a save is due.
-        if not self._core.check_due(step):
+        if not self.should_save(step):
+            self._report_failure()
             return False
-        leaves, metadata = _tree.flatten(state)
-        taken = self._core.maybe_save(step, [leaf.spec() for leaf in leaves], metadata)
+        step = _steps.check_step(step)
+        leaves, metadata = _flatten(state, allow_pickle)
+        try:
+            taken = self._core.maybe_save(step, [leaf.spec() for leaf in leaves], metadata)
+            self._last_submitted = step  # seen by the C++ timer, saved or skipped
+            if taken:
+                self._ledger.saved(step)
+        finally:
+            _logging.drain()
         self._warn_about_failures()
         return taken
 
-    def wait_until_finished(self):
+    def _report_failure(self):
+        """Raises a background failure (on_error="stop") when no save is due; logs the lines."""
+        # No step is due twice in the C++ timer, so asking about the last one it saw only
+        # delivers what the background reported (nothing to deliver before the first save).
+        if self._last_submitted is not None:
+            self._core.check_due(self._last_submitted)
+        _logging.drain()
+
+    def wait_until_finished(self) -> None:
         """Blocks until every save so far is durable and committed (or failed)."""
-        self._core.wait_until_finished()
+        try:
+            self._core.wait_until_finished()
+        finally:
+            _logging.drain()
         self._warn_about_failures()
 
-    def close(self):
+    def close(self) -> None:
         """Waits like wait_until_finished, then refuses further saves. Idempotent."""
         self._closed = True
         self._finalizer.detach()
-        self._core.close()
+        try:
+            self._core.close()
+        finally:
+            _logging.drain()
         self._warn_about_failures()
 
-    def __enter__(self):
+    def __enter__(self) -> "CheckpointManager":
         return self
 
-    def __exit__(self, exc_type, exc, traceback):
+    def __exit__(self, exc_type, exc, traceback) -> None:
         if exc_type is None:
             self.close()
             return
@@ -170,29 +234,30 @@ class CheckpointManager:
     # ---- what is there ---------------------------------------------------------------------
 
     @property
-    def directory(self):
+    def directory(self) -> str:
         """The checkpoint directory."""
         return self._directory
 
-    def all_steps(self):
+    def all_steps(self) -> list[int]:
         """Steps of the retained checkpoints, oldest first (committed saves only)."""
         return list(self._core.all_steps())
 
-    def latest_step(self):
+    def latest_step(self) -> Optional[int]:
         """The newest retained step, or None."""
         return self._core.latest_step()
 
-    def checkpoint_path(self, step):
+    def checkpoint_path(self, step: int) -> str:
         """The directory of checkpoint ``step``."""
-        return self._core.checkpoint_path(int(step))
+        return self._core.checkpoint_path(_steps.check_step(step))
 
-    def stats(self):
+    def stats(self) -> Stats:
         """A Stats: totals and every save's SaveStats, as the C++ SaverTotals."""
         return _stats(self._core.totals())
 
     # ---- restoring -------------------------------------------------------------------------
 
-    def restore(self, state, step=None):
+    def restore(self, state: Union[dict, list], step: Optional[int] = None, *,
+                allow_pickle: bool = False) -> Optional[int]:
         """Fills ``state`` in place from checkpoint ``step`` (the latest when None).
 
         Tensors and arrays are read straight into their memory, every chunk verified; their
@@ -203,8 +268,12 @@ class CheckpointManager:
         error. Returns the restored step, or None (``state`` untouched) when there is no
         checkpoint yet.
 
-        Then hand the parts to their owners, as with torch.load:
-        ``model.load_state_dict(state["model"])``, ``optimizer.load_state_dict(...)``.
+        A stateful object in ``state`` (a module, an optimizer, a scheduler: anything with
+        ``state_dict()`` / ``load_state_dict()``) is restored as DCP does it: a fresh
+        ``state_dict()`` of it is filled from the checkpoint and handed to its
+        ``load_state_dict()``; the object stays where it was. A plain state dict in ``state``
+        is filled like any dict, and handing it to its owner is then the caller's job.
+        ``allow_pickle`` reads values saved with pickle (see load()).
         """
         if not isinstance(state, (dict, list)):
             raise TypeError("restore fills a dict or list in place; use load() for a new one")
@@ -212,13 +281,29 @@ class CheckpointManager:
             step = self.latest_step()
             if step is None:
                 return None
-        reader = self._core.open(int(step))
-        _restore_from(reader, state)
+        try:
+            reader = self._core.open(_steps.check_step(step))
+            with _pickled.allowed(allow_pickle), _stateful.restoring(state):
+                _restore_from(reader, state)
+        finally:
+            _logging.drain()
         return reader.step
 
-    def load(self, step=None):
+    def load(self, step: Optional[int] = None, *, allow_pickle: bool = False) -> Any:
         """A new state from checkpoint ``step`` (the latest when None), as asyncckpt.load."""
-        return _load_from(self._core.open(None if step is None else int(step)))
+        try:
+            reader = self._core.open(None if step is None else _steps.check_step(step))
+            with _pickled.allowed(allow_pickle):
+                return _load_from(reader)
+        finally:
+            _logging.drain()
+
+
+def _flatten(state, allow_pickle):
+    """(leaves, metadata) of a state whose stateful objects give their state dicts. The caller
+    keeps the leaves until the C++ call has copied them: they own the contiguous copies."""
+    with _pickled.allowed(allow_pickle):
+        return _tree.flatten(_stateful.saveable(state))
 
 
 def _restore_from(reader, state):
@@ -268,23 +353,32 @@ def _load_from(reader):
     return state
 
 
-def load(path):
+def load(path: StrPath, *, allow_pickle: bool = False) -> Any:
     """A new state (nested dicts, lists, tensors, arrays, values as saved) from ``path``.
 
     ``path`` is a checkpoint (".../model.ckpt-1000") or a checkpoint directory (its latest
-    checkpoint). Torch tensors come back on the CPU. A checkpoint written without the Python
-    layer (by the C++ hooks) comes back as a flat dict of NumPy arrays keyed by tensor name
-    (torch tensors for bfloat16, which NumPy lacks).
+    checkpoint). Torch tensors come back on the CPU; tensors saved as one memory (tied weights)
+    come back as one tensor. Stateful objects come back as the state dicts they saved. A
+    checkpoint written without the Python layer (by the C++ hooks) comes back as a flat dict of
+    NumPy arrays keyed by tensor name (torch tensors for bfloat16, which NumPy lacks).
+
+    ``allow_pickle``: values saved with ``allow_pickle=True`` are read back only with it too,
+    because loading a pickle runs code; without it such a checkpoint raises ValueError.
     """
     path = os.fspath(path)
-    if not os.path.exists(os.path.join(path, "index")):
-        latest = _core.latest_checkpoint(path)
-        if latest is None:
-            raise FileNotFoundError(f"{path} is neither a checkpoint nor a directory with one")
-        path = latest
-    return _load_from(_core.open_reader(path))
+    try:
+        if not os.path.exists(os.path.join(path, "index")):
+            latest = _core.latest_checkpoint(path)
+            if latest is None:
+                raise FileNotFoundError(f"{path} is neither a checkpoint nor a directory with "
+                                        "one")
+            path = latest
+        with _pickled.allowed(allow_pickle):
+            return _load_from(_core.open_reader(path))
+    finally:
+        _logging.drain()
 
 
-def latest_checkpoint(directory):
+def latest_checkpoint(directory: StrPath) -> Optional[str]:
     """The path of the newest checkpoint in ``directory``, or None."""
     return _core.latest_checkpoint(os.fspath(directory))

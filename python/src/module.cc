@@ -6,6 +6,12 @@
 // the engine copies them straight from that memory into its staging. Every call that blocks
 // (a snapshot copy, a synchronous save, waiting, reading) releases the GIL.
 //
+// Log lines: with capture_log(True) the library's lines are queued here, not printed, and the
+// Python package hands them to logging.getLogger("asyncckpt") (take_log_lines) after each call.
+// A queue rather than a sink that calls Python: lines come from the engine's threads, and one
+// that waited for the GIL could deadlock with a training thread that holds it while it waits
+// for the engine.
+//
 // Errors: a non-OK Status becomes ValueError (InvalidArgument), FileNotFoundError (NotFound) or
 // asyncckpt.CheckpointError (everything else, message "<code>: <what>").
 
@@ -13,17 +19,21 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "asyncckpt/checkpointer.h"
 #include "asyncckpt/compression.h"
 #include "asyncckpt/device.h"
 #include "asyncckpt/dtype.h"
+#include "asyncckpt/log.h"
 #include "asyncckpt/reader.h"
 #include "asyncckpt/saver_hook.h"
 #include "asyncckpt/state.h"
@@ -73,6 +83,49 @@ void TranslateStatusError(std::exception_ptr error) {
       default:
         PyErr_SetString(checkpoint_error, status.ToString().c_str());
     }
+  }
+}
+
+// The library's log lines since the last take, at most kMaxQueuedLogLines (then counted).
+class LogQueue {
+ public:
+  static constexpr size_t kMaxQueuedLogLines = 10000;
+
+  void Push(std::string_view line) {
+    std::lock_guard lock(mu_);
+    if (lines_.size() < kMaxQueuedLogLines) {
+      lines_.emplace_back(line);
+    } else {
+      ++dropped_;
+    }
+  }
+
+  // The queued lines, oldest first, and how many were dropped because the queue was full.
+  std::pair<std::vector<std::string>, uint64_t> Take() {
+    std::lock_guard lock(mu_);
+    std::vector<std::string> out(std::make_move_iterator(lines_.begin()),
+                                 std::make_move_iterator(lines_.end()));
+    lines_.clear();
+    return {std::move(out), std::exchange(dropped_, 0)};
+  }
+
+ private:
+  std::mutex mu_;
+  std::deque<std::string> lines_;
+  uint64_t dropped_ = 0;
+};
+
+// Leaked on purpose: engine threads may still log while the interpreter tears the module down.
+LogQueue& Log() {
+  static LogQueue* queue = new LogQueue;
+  return *queue;
+}
+
+void CaptureLog(bool capture) {
+  if (capture) {
+    SetLogSink([](std::string_view line) { Log().Push(line); });
+  } else {
+    SetLogSink(nullptr);
   }
 }
 
@@ -241,6 +294,12 @@ class PyCheckpointer {
     return false;
   }
 
+  // Whether a save is due at `step` by the C++ timer (save_secs); asks nothing else.
+  bool due(int64_t step) {
+    std::lock_guard lock(mu_);
+    return checkpointer_->due(step);
+  }
+
   void save(int64_t step, const std::vector<TensorSpec>& specs,
             const std::map<std::string, std::string>& metadata) {
     TensorRegistry registry = ToRegistry(specs);
@@ -392,6 +451,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("queue_depth"), py::arg("use_o_direct"), py::arg("force_posix_io"),
            py::arg("user_metadata"))
       .def("check_due", &PyCheckpointer::check_due, py::arg("step"))
+      .def("due", &PyCheckpointer::due, py::arg("step"))
       .def("save", &PyCheckpointer::save, py::arg("step"), py::arg("specs"), py::arg("metadata"))
       .def("maybe_save", &PyCheckpointer::maybe_save, py::arg("step"), py::arg("specs"),
            py::arg("metadata"))
@@ -424,6 +484,12 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("directory"),
       "The path of the newest checkpoint that `directory`'s state file names, or None.");
+  m.def("capture_log", &CaptureLog, py::arg("capture"),
+        "True: queue the library's log lines for take_log_lines; False: print them on stderr.");
+  m.def(
+      "take_log_lines", [] { return Log().Take(); },
+      "(lines logged since the last call, oldest first; lines dropped because the queue was "
+      "full).");
   m.def("cuda_available", &CudaAvailable,
         "True when this build has the CUDA device and a GPU is visible.");
   m.def(

@@ -82,6 +82,7 @@ class Checkpointer::Impl {
                     const std::map<std::string, std::string>& user_metadata, bool may_skip) {
     if (closed_) return Status::FailedPrecondition("the checkpointer is closed");
     RETURN_IF_ERROR(core_->Deliver(nullptr));
+    RETURN_IF_ERROR(CheckStep(step));
     const SaverOptions& options = core_->options();
     CheckpointMetadata metadata{step, options.clock(), options.user_metadata};
     for (const auto& [key, value] : user_metadata) metadata.user[key] = value;

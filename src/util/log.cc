@@ -1,3 +1,5 @@
+// The logger behind LogLine and SetLogSink: stderr, or the sink set last.
+
 #include "src/util/log.h"
 
 #include <iostream>
@@ -11,8 +13,8 @@ std::mutex& LogMutex() {
   static std::mutex mutex;
   return mutex;
 }
-std::function<void(std::string_view)>& LogSink() {
-  static std::function<void(std::string_view)> sink;
+LogSinkFunction& LogSink() {
+  static LogSinkFunction sink;
   return sink;
 }
 }  // namespace
@@ -26,7 +28,7 @@ void LogLine(std::string_view message) {
   }
 }
 
-std::function<void(std::string_view)> SetLogSink(std::function<void(std::string_view)> sink) {
+LogSinkFunction SetLogSink(LogSinkFunction sink) {
   std::lock_guard lock(LogMutex());
   return std::exchange(LogSink(), std::move(sink));
 }

@@ -213,18 +213,19 @@ def test_a_bad_option_raises_value_error_with_the_message_of_the_cpp_library(ckp
 
 
 @pytest.mark.parametrize("asynchronous", [True, False])
-def test_maybe_save_saves_at_the_first_step_and_every_n_steps_after(ckpt_dir, asynchronous):
+def test_maybe_save_saves_the_multiples_of_save_steps_as_orbax_does(ckpt_dir, asynchronous):
     state = {"w": torch.zeros(10)}
     taken = []
     with asyncckpt.CheckpointManager(ckpt_dir, save_steps=3, max_to_keep=0,
                                      asynchronous=asynchronous) as manager:
         for step in range(1, 11):
             state["w"].fill_(step)
+            assert manager.should_save(step) == (step % 3 == 0)
             if manager.maybe_save(step, state):
                 taken.append(step)
-    assert taken == [1, 4, 7, 10]
+    assert taken == [3, 6, 9]
     with asyncckpt.CheckpointManager(ckpt_dir) as manager:
-        assert manager.all_steps() == [1, 4, 7, 10]
+        assert manager.all_steps() == [3, 6, 9]
         for step in taken:
             assert torch.equal(manager.load(step)["w"], torch.full((10,), float(step)))
 

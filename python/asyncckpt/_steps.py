@@ -1,0 +1,78 @@
+"""Step numbers: what a step may be, which steps may still be saved, and when one is due.
+
+A checkpoint's name carries its step ("model.ckpt-1000"), and the C++ engine keeps steps as
+int64: a step is an ``int`` in [0, 2**63 - 1], checked before anything is written.
+
+The schedule is Orbax's: with ``save_steps=N`` a step is due when ``step % N == 0``, so the
+step numbers of the checkpoints are the same in every run and after every restart. (The C++
+hooks keep TensorFlow's SecondOrStepTimer instead: the first step seen, then every N steps
+after the last save.)
+"""
+
+import operator
+
+from . import _core
+
+MAX_STEP = 2**63 - 1
+
+
+class StepAlreadyExistsError(_core.CheckpointError):
+    """A save of a step that is already saved, or lower than the latest saved step.
+
+    Pass ``force=True`` to save it anyway (the same step is then replaced, and a lower step
+    becomes the latest).
+    """
+
+
+def check_step(step):
+    """``step`` as an int; TypeError or ValueError naming it when it cannot be a step."""
+    if isinstance(step, bool):
+        raise TypeError(f"step must be an int, not a bool ({step!r})")
+    try:
+        value = operator.index(step)  # int and NumPy integers; never truncates a float
+    except TypeError:
+        raise TypeError(f"step must be an int, not a {type(step).__name__} ({step!r})") from None
+    if not 0 <= value <= MAX_STEP:
+        raise ValueError(f"step must be in [0, 2**63 - 1], got {value}")
+    return value
+
+
+def check_save_steps(save_steps):
+    """``save_steps`` as an int >= 1, or None."""
+    if save_steps is None:
+        return None
+    if isinstance(save_steps, bool):
+        raise TypeError(f"save_steps must be an int, not a bool ({save_steps!r})")
+    try:
+        value = operator.index(save_steps)
+    except TypeError:
+        raise TypeError(f"save_steps must be an int, not a {type(save_steps).__name__} "
+                        f"({save_steps!r})") from None
+    if value < 1:
+        raise ValueError(f"save_steps must be positive, got {value}")
+    return value
+
+
+class StepLedger:
+    """The highest step this manager saved or found on disk: the floor for the next save."""
+
+    def __init__(self, latest_on_disk):
+        self.highest = latest_on_disk
+
+    def is_new(self, step):
+        """True when ``step`` is above every step saved so far."""
+        return self.highest is None or step > self.highest
+
+    def check_new(self, step, force, path_of):
+        """Raises StepAlreadyExistsError unless ``step`` is new or ``force``."""
+        if force or self.is_new(step):
+            return
+        if step == self.highest:
+            raise StepAlreadyExistsError(f"step {step} is already saved ({path_of(step)}); "
+                                         "pass force=True to replace it")
+        raise StepAlreadyExistsError(f"step {step} is lower than the latest saved step "
+                                     f"{self.highest}; pass force=True to save it anyway")
+
+    def saved(self, step):
+        """Records a save of ``step`` (a forced lower step does not lower the floor)."""
+        self.highest = step if self.highest is None else max(self.highest, step)
