@@ -3,14 +3,16 @@
 asyncckpt; run it again with the same --checkpoint-dir and it resumes where the last durable
 checkpoint left off, and ends bit for bit where an uninterrupted run ends.
 
-    PYTHONPATH=build/python /usr/bin/python3 examples/pytorch_train.py --checkpoint-dir /tmp/digits
+    V/bin/python examples/pytorch_train.py --checkpoint-dir /tmp/digits
 
-(/usr/bin/python3: Debian's python3-torch and python3-sklearn belong to that interpreter; with
-the package installed by `cmake --install`, PYTHONPATH is not needed.)
+(V: a venv made with --system-site-packages and `pip install .`, the README's Python section;
+or PYTHONPATH=build/python /usr/bin/python3 from a CMake build tree.)
 
 Deterministic: seeded, one thread, torch.use_deterministic_algorithms, and each step's batch a
 function of the step alone, so the checkpoint holds everything the run depends on: the model,
-the optimizer, and the random generator that dropout draws from.
+the optimizer, its learning-rate schedule, and the random generator that dropout draws from.
+All four sit in the state as objects; asyncckpt stores their state_dict() and restores them
+through load_state_dict(). Saves land on the multiples of --save-steps, in every run.
 """
 
 import argparse
@@ -38,6 +40,16 @@ def parse_args(argv):
     parser.add_argument("--progress", action="store_true", help="print 'step N' after each step")
     parser.add_argument("--digest-file", help="write the final state's digests here (JSON)")
     return parser.parse_args(argv)
+
+
+class RandomState:
+    """torch's global random generator as a stateful object."""
+
+    def state_dict(self):
+        return {"torch": torch.get_rng_state()}
+
+    def load_state_dict(self, state):
+        torch.set_rng_state(state["torch"])
 
 
 class DigitsNet(torch.nn.Module):
@@ -81,8 +93,8 @@ def accuracy(model, images, labels):
     return correct / len(labels)
 
 
-def digests(model, optimizer):
-    """sha256 of every tensor's bytes (and of the optimizer's settings), by name."""
+def digests(model, optimizer, scheduler):
+    """sha256 of every tensor's bytes (and of the optimizer's and scheduler's settings)."""
     out = {}
     for name, tensor in model.state_dict().items():
         out[f"model/{name}"] = hashlib.sha256(tensor.numpy().tobytes()).hexdigest()
@@ -93,6 +105,7 @@ def digests(model, optimizer):
                 tensor.numpy().tobytes()).hexdigest()
     out["optimizer/param_groups"] = hashlib.sha256(
         repr(optimizer_state["param_groups"]).encode()).hexdigest()
+    out["scheduler"] = hashlib.sha256(repr(scheduler.state_dict()).encode()).hexdigest()
     return out
 
 
@@ -104,26 +117,23 @@ def main(argv):
     (train_x, train_y), (test_x, test_y) = load_data(args.seed)
     model = DigitsNet()
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-
-    def state(step):
-        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "rng": torch.get_rng_state(), "step": step}
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
+    state = {"model": model, "optimizer": optimizer, "scheduler": scheduler,
+             "rng": RandomState(), "step": 0}
 
     with asyncckpt.CheckpointManager(args.checkpoint_dir, save_steps=args.save_steps,
                                      max_to_keep=3, asynchronous=not args.sync) as manager:
-        restored = state(0)
-        if manager.restore(restored) is not None:
-            model.load_state_dict(restored["model"])
-            optimizer.load_state_dict(restored["optimizer"])
-            torch.set_rng_state(restored["rng"])
-            print(f"resumed from step {restored['step']}", flush=True)
-        for step in range(restored["step"] + 1, args.steps + 1):
+        if manager.restore(state) is not None:
+            print(f"resumed from step {state['step']}", flush=True)
+        for step in range(state["step"] + 1, args.steps + 1):
             batch = batch_indices(step, len(train_y), args.batch_size, args.seed)
             loss = torch.nn.functional.cross_entropy(model(train_x[batch]), train_y[batch])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            manager.maybe_save(step, state(step))
+            scheduler.step()
+            state["step"] = step
+            manager.maybe_save(step, state)
             if args.progress:
                 print(f"step {step}", flush=True)
             if step % args.eval_every == 0 or step == args.steps:
@@ -135,7 +145,7 @@ def main(argv):
           f"run, blocked {sum(blocked):.4f} s in all", flush=True)
     if args.digest_file:
         with open(args.digest_file, "w") as f:
-            json.dump({"accuracy": final, "digests": digests(model, optimizer)}, f, indent=1,
+            json.dump({"accuracy": final, "digests": digests(model, optimizer, scheduler)}, f, indent=1,
                       sort_keys=True)
 
 

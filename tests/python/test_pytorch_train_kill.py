@@ -1,6 +1,6 @@
 """The real training job: examples/pytorch_train.py killed with SIGKILL again and again, restarted
-each time, ends with the model and optimizer of an uninterrupted run, bit for bit, and the same
-accuracy."""
+each time, ends with the model, optimizer and learning-rate schedule of an uninterrupted run, bit
+for bit, and the same accuracy; every resume is from a multiple of --save-steps."""
 
 import json
 import random
@@ -18,11 +18,12 @@ from conftest import SOURCE_DIR  # noqa: E402
 EXAMPLE = SOURCE_DIR / "examples" / "pytorch_train.py"
 STEPS = 400
 KILLS = 6
+SAVE_STEPS = 10
 
 
 def command(checkpoint_dir, *extra):
     return [sys.executable, str(EXAMPLE), "--checkpoint-dir", str(checkpoint_dir),
-            "--steps", str(STEPS), "--save-steps", "10", "--eval-every", "100", *extra]
+            "--steps", str(STEPS), "--save-steps", str(SAVE_STEPS), "--eval-every", "100", *extra]
 
 
 def run_and_kill(checkpoint_dir, steps_before_kill):
@@ -62,6 +63,7 @@ def test_a_job_killed_at_random_steps_ends_bit_identical_to_an_uninterrupted_one
     print(f"killed runs resumed from steps {resumes}")
 
     assert any(step > 0 for step in resumes), f"no run resumed from a checkpoint: {resumes}"
+    assert all(step % SAVE_STEPS == 0 for step in resumes), resumes
     assert "resumed from step" in output
     assert got["accuracy"] == expected["accuracy"]
     differing = sorted(name for name in expected["digests"]

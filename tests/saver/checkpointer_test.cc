@@ -153,6 +153,24 @@ TEST_P(CheckpointerTest, SaveReturnsOnceTheStateMayChangeAndTheCheckpointHoldsIt
   EXPECT_GT(totals.staging_high_water_bytes, 0u);
 }
 
+TEST_P(CheckpointerTest, ANegativeStepIsRefusedBeforeAnythingIsWrittenAndSavesGoOn) {
+  auto checkpointer = Make(Options());
+  ASSERT_NE(checkpointer, nullptr);
+  SetState(1);
+  TensorRegistry registry = Registry();
+  const Status refused = checkpointer->save(-1, registry);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.ToString();
+  EXPECT_NE(refused.message().find("step -1"), std::string::npos) << refused.ToString();
+  const Result<bool> maybe = checkpointer->maybe_save(-4, registry);
+  EXPECT_EQ(maybe.status().code(), StatusCode::kInvalidArgument);
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    EXPECT_EQ(entry.path().filename().string().find("--"), std::string::npos) << entry.path();
+  }
+  ASSERT_TRUE(checkpointer->save(1, registry).ok());
+  ASSERT_TRUE(checkpointer->close().ok());
+  EXPECT_EQ(checkpointer->all_steps(), (std::vector<int64_t>{1}));
+}
+
 TEST_P(CheckpointerTest, MaybeSaveFollowsTheStepTimerFromTheFirstStepItSees) {
   auto checkpointer = Make(Options());  // every 3 steps
   ASSERT_NE(checkpointer, nullptr);

@@ -125,6 +125,20 @@ TEST_F(CheckpointSaverHookTest, SavesAtStartEveryNStepsAndAtEndWhenLastStepUnsav
   EXPECT_EQ(*latest, dir_ + "/model.ckpt-12");
 }
 
+TEST_F(CheckpointSaverHookTest, BothHooksRefuseANegativeStep) {
+  {
+    auto hook = CheckpointSaverHook::Create(Options(5), &registry_);
+    ASSERT_TRUE(hook.ok()) << hook.status().ToString();
+    ASSERT_TRUE((*hook)->begin().ok());
+    EXPECT_EQ((*hook)->after_create_session(-1).code(), StatusCode::kInvalidArgument);
+  }
+  auto async = AsyncCheckpointSaverHook::Create(Options(5), &registry_);
+  ASSERT_TRUE(async.ok()) << async.status().ToString();
+  ASSERT_TRUE((*async)->begin().ok());
+  EXPECT_EQ((*async)->after_create_session(-3).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckpointDirs(), std::vector<std::string>{});
+}
+
 TEST_F(CheckpointSaverHookTest, DoesNotSaveTwiceAtEndWhenLastStepWasSaved) {
   RecordingListener listener;
   auto hook = CheckpointSaverHook::Create(Options(5), &registry_, {&listener});
