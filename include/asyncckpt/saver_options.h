@@ -52,7 +52,9 @@ enum class SaveMode {
 struct SaverOptions {
   /// Directory holding the checkpoints and the `checkpoint` state file; created if missing.
   std::string checkpoint_dir;
-  /// Save every N global steps (exactly one of save_steps / save_secs).
+  /// Save every N global steps (exactly one of save_steps / save_secs). The hooks and
+  /// Checkpointer::maybe_save follow TensorFlow's SecondOrStepTimer (the first step seen, then N
+  /// steps after the last save), while the Python manager follows Orbax (step % N == 0).
   std::optional<int64_t> save_steps;
   /// Save every N seconds (exactly one of save_steps / save_secs).
   std::optional<double> save_secs;

@@ -65,6 +65,8 @@ def _close_quietly(core):
         core.close()
     except Exception as error:  # noqa: BLE001 - reported, never raised from a finalizer
         warnings.warn(f"asyncckpt: a checkpoint save failed: {error}", RuntimeWarning)
+    finally:
+        _logging.drain()
 
 
 class CheckpointManager:
