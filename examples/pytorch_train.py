@@ -145,8 +145,8 @@ def main(argv):
           f"run, blocked {sum(blocked):.4f} s in all", flush=True)
     if args.digest_file:
         with open(args.digest_file, "w") as f:
-            json.dump({"accuracy": final, "digests": digests(model, optimizer, scheduler)}, f, indent=1,
-                      sort_keys=True)
+            json.dump({"accuracy": final, "digests": digests(model, optimizer, scheduler)}, f,
+                      indent=1, sort_keys=True)
 
 
 if __name__ == "__main__":
