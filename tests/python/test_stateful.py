@@ -201,7 +201,7 @@ def test_the_library_logs_through_python_logging(ckpt_dir, caplog):
                for r in caplog.records), [r.getMessage() for r in caplog.records]
 
 
-def test_problems_are_warnings(capfd):
+def test_problems_are_warnings():
     from asyncckpt import _logging
 
     assert _logging.level_of("WARNING: the state file is damaged") == logging.WARNING
