@@ -78,9 +78,12 @@ struct EngineOptions {
   /// Snapshot copy threads (the caller and N - 1 helpers), and the background arena's limit
   /// (at most cores - 1 workers); 0 means the machine's cores.
   unsigned background_threads = 0;
-  /// Copies from CUDA tensors return without waiting for the device (stream-ordered mode);
-  /// the graph waits for the copies before encoding.
+  /// Copies from device tensors return once enqueued (stream-ordered mode): one batch per wave,
+  /// one region per contiguous run of chunks; the graph waits for the copies before encoding.
   bool stream_ordered = false;
+  /// Stream-ordered mode: Submit leaves the compute stream's wait for the copies to the caller
+  /// (WaitForCopiesOnComputeStream before the state changes) instead of ordering it at its end.
+  bool defer_compute_wait = false;
   /// Run the graph at high priority: for small saves that must not queue behind a large one
   /// (the input pipeline's state beside the model's), when workers are scarce.
   bool high_priority = false;
