@@ -36,6 +36,7 @@
 #include "asyncckpt/tensor.h"
 #include "src/format/writer.h"
 #include "src/state/checkpoint_state.h"
+#include "src/util/elapsed.h"
 
 namespace asyncckpt {
 
@@ -144,6 +145,9 @@ struct SubmitRequest {
   /// The registry's plan, when the caller made it (PlanSnapshot with this engine's options);
   /// empty: Submit makes it.
   std::optional<SnapshotPlan> plan;
+  /// When the caller's save began, if before Submit: blocked time and time to durable count
+  /// from there (a saver that planned the state or created this engine first).
+  std::optional<SteadyClock::time_point> started;
 };
 
 /// What Submit did.
