@@ -106,6 +106,10 @@ double Percentile(std::vector<double> values, double p);
 
 /// Each save's training-thread blocked time.
 std::vector<double> BlockedPerSave(const SaverTotals& totals);
+/// The first save's blocked time over the median of the later ones' (0 with fewer than two).
+double FirstOverSteadyBlocked(const SaverTotals& totals);
+/// The median blocked time of every save after the first.
+double SteadyBlockedMedian(const SaverTotals& totals);
 /// Each successful save's time to durable.
 std::vector<double> DurablePerSave(const SaverTotals& totals);
 /// The yardstick memcpy times, in step order.
