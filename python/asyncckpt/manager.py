@@ -43,6 +43,7 @@ class Stats:
     staging_high_water_bytes: int
     stale_temporaries_removed: list  #: temporaries of interrupted saves removed at start
     saves: list
+    startup_seconds: float = 0.0  #: creating engines and pinned staging (prepare or a save)
 
 
 def _stats(totals):
@@ -111,6 +112,14 @@ class CheckpointManager:
         leaves, metadata = _tree.flatten(state)
         self._core.save(int(step), [leaf.spec() for leaf in leaves], metadata)
         self._warn_about_failures()
+
+    def prepare(self, state, reserve_bytes=0):
+        """Allocates the engine and pinned staging for ``state`` now, so the first save pays none.
+
+        ``reserve_bytes``: staging for a state that will grow (0 sizes it for ``state``).
+        """
+        leaves, _ = _tree.flatten(state)
+        self._core.prepare([leaf.spec() for leaf in leaves], int(reserve_bytes))
 
     def maybe_save(self, step, state):
         """Saves ``state`` as checkpoint ``step`` when save_steps / save_secs say so.
