@@ -309,6 +309,28 @@ Status CudaDeviceImpl::copy_from_host(const void* host_src, void* device_dst, si
   return err == cudaSuccess ? Status::OK() : CudaError(err, "copy host to device");
 }
 
+Result<std::unique_ptr<CopyFence>> CudaDeviceImpl::copy_from_host_async(const void* host_src,
+                                                                        void* device_dst,
+                                                                        size_t bytes) {
+  ScopedDevice on(ordinal_);
+  std::lock_guard lock(mutex_);
+  cudaError_t err = cudaSuccess;
+  if (bytes > 0) {
+    err = cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
+                          AsStream(copy_stream_));
+  }
+  cudaEvent_t done = nullptr;
+  if (err == cudaSuccess &&
+      (err = cudaEventCreateWithFlags(&done, cudaEventDisableTiming)) == cudaSuccess &&
+      (err = cudaEventRecord(done, AsStream(copy_stream_))) == cudaSuccess) {
+    return std::unique_ptr<CopyFence>(std::make_unique<CudaFence>(ordinal_, done));
+  }
+  if (done != nullptr) cudaEventDestroy(done);
+  // The caller may reuse host_src on failure: what was queued must be over first.
+  cudaStreamSynchronize(AsStream(copy_stream_));
+  return CudaError(err, "copy host to device");
+}
+
 void CudaDeviceImpl::set_compute_stream(void* stream) {
   std::lock_guard lock(mutex_);
   compute_stream_ = stream;

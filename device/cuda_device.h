@@ -33,6 +33,9 @@ class CudaDeviceImpl final : public Device {
   Result<std::unique_ptr<CopyFence>> copy_to_host_async(const void* device_src, void* host_dst,
                                                         size_t bytes) override;
   Status copy_from_host(const void* host_src, void* device_dst, size_t bytes) override;
+  /// cudaMemcpyAsync on the copy stream, completed by an event.
+  Result<std::unique_ptr<CopyFence>> copy_from_host_async(const void* host_src, void* device_dst,
+                                                          size_t bytes) override;
   /// One ordering after the compute stream (stream-ordered mode), one cudaMemcpyAsync per
   /// region (split only where a region crosses pieces of a parallel-pinned buffer), one event.
   Result<std::unique_ptr<CopyFence>> copy_regions_to_host_async(

@@ -57,6 +57,13 @@ Result<std::unique_ptr<CopyFence>> Device::copy_regions_to_host_async(
   return std::unique_ptr<CopyFence>(std::make_unique<FenceGroup>(std::move(fences)));
 }
 
+Result<std::unique_ptr<CopyFence>> Device::copy_from_host_async(const void* host_src,
+                                                                void* device_dst, size_t bytes) {
+  Status status = copy_from_host(host_src, device_dst, bytes);
+  if (!status.ok()) return status;
+  return std::unique_ptr<CopyFence>(std::make_unique<ReadyFence>());
+}
+
 Status Device::wait_for_copies_on_compute_stream() {
   return Status::FailedPrecondition("device " + name() +
                                     " has no compute stream (stream-ordered mode is CUDA's)");

@@ -92,6 +92,10 @@ class Device {
   virtual Status copy_from_host(const void* host_src, void* device_dst, size_t bytes) = 0;
   /// Copies `bytes` into host memory and waits for it.
   Status copy_to_host(const void* device_src, void* host_dst, size_t bytes);
+  /// Starts copying `bytes` from host memory (pinned by this device, for full speed) into this
+  /// device's memory; the fence says when it is done. The default copies synchronously.
+  virtual Result<std::unique_ptr<CopyFence>> copy_from_host_async(const void* host_src,
+                                                                  void* device_dst, size_t bytes);
   /// Starts every copy of `regions`, in order, and returns one fence for them all: the whole
   /// enqueue of a stream-ordered snapshot, so its cost follows the number of regions (one per
   /// contiguous tensor), not their bytes. The CUDA device orders the batch once after its compute
