@@ -373,6 +373,7 @@ void RunMode(const Mode& mode, GpuState& state, Device& device, const Args& args
   }
   std::printf("\n");
   json.Close();
+  std::filesystem::remove_all(options.checkpoint_dir);  // the next mode's disk space
 }
 
 int Main(int argc, char** argv) {
