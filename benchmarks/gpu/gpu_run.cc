@@ -29,7 +29,7 @@
 #include "asyncckpt/checkpointer.h"
 #include "asyncckpt/device.h"
 #include "asyncckpt/reader.h"
-#include "benchmarks/gpu/gpu_kernels.h"
+#include "src/cli/gpu_kernels.h"
 #include "device/cuda_device.h"
 
 namespace asyncckpt::gpu {

@@ -96,6 +96,12 @@ struct RunSummary {
   double restore_seconds = 0;
   /// --shard: every rank's figures in rank order (gathered to every rank).
   std::vector<RankFigures> ranks;
+  /// --device cuda: one device-to-host copy of the state into pinned memory (0: host state).
+  double d2h_seconds = 0;
+  /// --device cuda: the restore of the newest checkpoint into GPU memory after the run.
+  double gpu_restore_seconds = 0;
+  /// --device cuda: whether that restore gave back the final state bit for bit (-1: none).
+  int gpu_restore_exact = -1;
 };
 
 /// The p-th percentile (nearest rank) of `values`; 0 when empty.

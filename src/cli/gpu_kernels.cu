@@ -1,6 +1,6 @@
 // The GPU training loop's kernels (see gpu_kernels.h).
 
-#include "benchmarks/gpu/gpu_kernels.h"
+#include "src/cli/gpu_kernels.h"
 
 namespace asyncckpt::gpu {
 
