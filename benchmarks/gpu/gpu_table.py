@@ -71,7 +71,8 @@ def targets(bench, frameworks, disk_read):
 
 def main():
     parser = argparse.ArgumentParser()
-    for flag in ("--bench", "--frameworks", "--tests", "--disk", "--machine", "--out"):
+    for flag in ("--bench", "--frameworks", "--tests", "--train_sim", "--disk", "--machine",
+                 "--out"):
         parser.add_argument(flag)
     args = parser.parse_args()
     bench, frameworks = load(args.bench), load(args.frameworks)
@@ -85,15 +86,32 @@ def main():
           f"state: one cudaHostAlloc {fmt(bench.get('pinned_alloc_host_alloc_seconds'))}, parallel "
           f"pieces {fmt(bench.get('pinned_alloc_parallel_seconds'))}.", ""]
     md += rows(bench, frameworks, disk_read)
+    train_sim = load(args.train_sim)
+    md += ["", "| train-sim --device cuda, 2 GiB | blocked per save median | first / steady | "
+           "loop time lost per save / D2H | restore into GPU |", "|---|---:|---:|---:|---:|"]
+    for mode, m in train_sim.items():
+        if "error" in m:
+            md.append(f"| {mode} | {m['error']} | | | |")
+            continue
+        exact = "bit-exact" if m.get("gpu_restore_bit_exact") == 1 else "NOT bit-exact"
+        md.append(f"| {mode} | {fmt(m.get('blocked_seconds_per_save_median'))} | "
+                  f"{fmt(m.get('first_over_steady_blocked'), '')} | "
+                  f"{fmt(m.get('loop_lost_per_save_over_d2h'), '')} | "
+                  f"{fmt(m.get('gpu_restore_seconds'))}, {exact} |")
     md += ["", "| target | met | measured |", "|---|---|---|"]
     checks = targets(bench, frameworks, disk_read)
+    so = train_sim.get("stream_ordered", {})
+    if "loop_lost_per_save_over_d2h" in so:
+        checks.append(("train-sim --device cuda loop time lost ≤ 10% of D2H (stream-ordered)",
+                       so["loop_lost_per_save_over_d2h"] <= 0.10,
+                       f"{so['loop_lost_per_save_over_d2h']:.3f}"))
     md += [f"| {name} | {'met' if ok else 'MISSED'} | {value} |" for name, ok, value in checks]
     md += ["", "CUDA tests: " + ", ".join(f"{k} {v}" for k, v in tests.items())]
     with open(args.out + ".md", "w") as f:
         f.write("\n".join(md) + "\n")
     with open(args.out + ".json", "w") as f:
         json.dump({"machine": args.machine, "gpu_bench": bench, "frameworks": frameworks,
-                   "tests": tests, "disk": disk,
+                   "tests": tests, "disk": disk, "train_sim": train_sim,
                    "targets": [{"target": n, "met": ok, "measured": v} for n, ok, v in checks]},
                   f, indent=1)
     print("\n".join(md))
