@@ -76,7 +76,9 @@ class CountingDevice final : public Device {
     std::lock_guard lock(mu_);
     return on_watched_;
   }
-  int fence_waits_elsewhere() const { return fence_waits_elsewhere_; }
+  int fence_waits_elsewhere() const { return fence_waits_elsewhere_.load(); }
+  // From now on every fence's wait fails (an illegal address on the GPU), after copying.
+  std::atomic<bool> fail_fences{false};
 
  private:
   // Copies every region at its first wait: an "asynchronous" copy that lands only when waited.
@@ -89,6 +91,7 @@ class CountingDevice final : public Device {
       std::call_once(once_, [&] {
         for (const CopyRegion& r : regions_) std::memcpy(r.host_dst, r.device_src, r.bytes);
       });
+      if (device_->fail_fences) return Status::IOError("illegal address");
       return Status::OK();
     }
     bool ready() override { return false; }
@@ -119,7 +122,7 @@ class CountingDevice final : public Device {
   std::mutex mu_;
   std::thread::id watched_;
   Calls on_watched_;
-  int fence_waits_elsewhere_ = 0;
+  std::atomic<int> fence_waits_elsewhere_{0};
 };
 
 class StreamOrderedSnapshotTest : public ::testing::Test {
@@ -131,11 +134,10 @@ class StreamOrderedSnapshotTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  // Saves `tensors` tensors of `bytes` each, twice, and returns the training thread's calls of
-  // the second save (the first may create the engine). Checks that the checkpoint holds them.
-  Calls SaveTwice(int tensors, size_t bytes, bool defer_wait) {
-    auto device = std::make_shared<CountingDevice>();
-    std::vector<std::vector<uint8_t>> memory(tensors);
+  // `tensors` tensors of `bytes` each on `device`, their bytes in `memory`.
+  static TensorRegistry Registry(int tensors, size_t bytes, std::shared_ptr<Device> device,
+                                 std::vector<std::vector<uint8_t>>& memory) {
+    memory.resize(tensors);
     TensorRegistry registry;
     for (int t = 0; t < tensors; ++t) {
       memory[t].resize(bytes);
@@ -149,13 +151,28 @@ class StreamOrderedSnapshotTest : public ::testing::Test {
       ref.device = device;
       EXPECT_TRUE(registry.add(std::move(ref)).ok());
     }
+    return registry;
+  }
+
+  SaverOptions Options(const std::string& name, bool defer_wait) const {
     SaverOptions options;
-    options.checkpoint_dir = dir_ + "/" + std::to_string(tensors) + "x" + std::to_string(bytes);
+    options.checkpoint_dir = dir_ + "/" + name;
     options.save_steps = 1;
     options.chunk_bytes = 64 << 10;  // chunks grow with the bytes: 16 per MiB
     options.background_threads = 2;
     options.cuda_stream_ordered = true;
     options.cuda_defer_compute_wait = defer_wait;
+    return options;
+  }
+
+  // Saves `tensors` tensors of `bytes` each, twice, and returns the training thread's calls of
+  // the second save (the first may create the engine). Checks that the checkpoint holds them.
+  Calls SaveTwice(int tensors, size_t bytes, bool defer_wait) {
+    auto device = std::make_shared<CountingDevice>();
+    std::vector<std::vector<uint8_t>> memory;
+    TensorRegistry registry = Registry(tensors, bytes, device, memory);
+    const SaverOptions options =
+        Options(std::to_string(tensors) + "x" + std::to_string(bytes), defer_wait);
     auto made = Checkpointer::Create(options);
     EXPECT_TRUE(made.ok()) << made.status().ToString();
     if (!made.ok()) return {};
@@ -206,6 +223,21 @@ TEST_F(StreamOrderedSnapshotTest, DeferredWaitLeavesTheComputeWaitToTheLoop) {
   EXPECT_EQ(calls.batches, 1);
   EXPECT_EQ(calls.regions, 3);
   EXPECT_EQ(calls.fence_waits, 0);
+}
+
+TEST_F(StreamOrderedSnapshotTest, EveryChunkWaitsForItsCopyEvenAfterTheSaveFailed) {
+  // A chunk's staging returns to the pool with it: a chunk that skipped the wait because an
+  // earlier chunk failed the save could hand back staging that a copy still lands in.
+  auto device = std::make_shared<CountingDevice>();
+  std::vector<std::vector<uint8_t>> memory;
+  TensorRegistry registry = Registry(2, 1 << 20, device, memory);  // 32 chunks
+  auto made = Checkpointer::Create(Options("failing", false));
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  device->fail_fences = true;
+  ASSERT_TRUE((*made)->save(1, registry).ok());  // the failure comes from the background
+  Status finished = (*made)->wait_until_finished();
+  EXPECT_EQ(finished.code(), StatusCode::kIOError) << finished.ToString();
+  EXPECT_EQ(device->fence_waits_elsewhere(), 32);
 }
 
 }  // namespace
