@@ -95,17 +95,18 @@ def part_torch_save(args, where):
     return summary(blocked, durable, restore, size)
 
 
-def dcp_setup():
+def dcp_setup(where):
+    """A process group of one (async_save needs one); a file store, so no port is taken."""
     import torch.distributed as dist
     if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29517", rank=0,
+        dist.init_process_group("gloo", init_method=f"file://{where}/process-group", rank=0,
                                 world_size=1)
 
 
 def part_dcp(args, where, pinned):
     import torch
     import torch.distributed.checkpoint as dcp
-    dcp_setup()
+    dcp_setup(where)
     state = torch_state(args.gib, args.tensors)
     size = sum(t.numel() * 4 for t in state.values())
     kwargs = {}
@@ -184,7 +185,7 @@ PARTS = {
 
 def run_one(args):
     """In the child process: one part, its JSON on stdout's last line."""
-    where = os.path.join(args.dir, args.part)
+    where = os.path.join(os.path.abspath(args.dir), args.part)  # Orbax wants absolute paths
     shutil.rmtree(where, ignore_errors=True)
     os.makedirs(where)
     try:
