@@ -14,6 +14,7 @@ part whose framework is missing reports ``"error"`` instead.
 
     python3 benchmarks/gpu/compare_frameworks.py --dir DIR [--gib 8] [--tensors 16]
         [--saves 3] [--parts torch_save,dcp,dcp_pinned,orbax] [--timeout 150] [--json FILE]
+        [--device cpu]   (torch parts on the CPU: checks the script on a machine without a GPU)
 """
 
 import argparse
@@ -63,21 +64,27 @@ def summary(blocked, durable, restore_seconds, state_bytes):
     return out
 
 
-def torch_state(gib, tensors):
+def torch_state(args):
     import torch
-    per = int(gib * (1 << 30)) // 4 // tensors
+    per = int(args.gib * (1 << 30)) // 4 // args.tensors
     torch.manual_seed(0)
-    return {f"layer{100 + t}/w": torch.rand(per, device="cuda") for t in range(tensors)}
+    return {f"layer{100 + t}/w": torch.rand(per, device=args.device) for t in range(args.tensors)}
+
+
+def synchronize(args):
+    import torch
+    if args.device == "cuda":
+        torch.cuda.synchronize()
 
 
 def part_torch_save(args, where):
     import torch
-    state = torch_state(args.gib, args.tensors)
+    state = torch_state(args)
     size = sum(t.numel() * 4 for t in state.values())
     blocked, durable = [], []
     path = os.path.join(where, "state.pt")
     for _ in range(args.saves):
-        torch.cuda.synchronize()
+        synchronize(args)
         start = time.perf_counter()
         with open(path, "wb") as f:
             torch.save(state, f)
@@ -88,8 +95,8 @@ def part_torch_save(args, where):
         durable.append(seconds)
     drop_cache(where)
     start = time.perf_counter()
-    back = torch.load(path, map_location="cuda")
-    torch.cuda.synchronize()
+    back = torch.load(path, map_location=args.device)
+    synchronize(args)
     restore = time.perf_counter() - start
     assert all(torch.equal(back[k], state[k]) for k in state), "torch.load is not bit-exact"
     return summary(blocked, durable, restore, size)
@@ -107,7 +114,7 @@ def part_dcp(args, where, pinned):
     import torch
     import torch.distributed.checkpoint as dcp
     dcp_setup(where)
-    state = torch_state(args.gib, args.tensors)
+    state = torch_state(args)
     size = sum(t.numel() * 4 for t in state.values())
     kwargs = {}
     if pinned:
@@ -118,7 +125,7 @@ def part_dcp(args, where, pinned):
     blocked, durable = [], []
     for i in range(args.saves):
         path = os.path.join(where, f"step{i}")
-        torch.cuda.synchronize()
+        synchronize(args)
         start = time.perf_counter()
         result = dcp.async_save(state, checkpoint_id=path, **kwargs)
         blocked.append(time.perf_counter() - start)
@@ -135,7 +142,7 @@ def part_dcp(args, where, pinned):
     back = {k: torch.empty_like(v) for k, v in state.items()}
     start = time.perf_counter()
     dcp.load(back, checkpoint_id=os.path.join(where, f"step{args.saves - 1}"))
-    torch.cuda.synchronize()
+    synchronize(args)
     restore = time.perf_counter() - start
     assert all(torch.equal(back[k], state[k]) for k in state), "dcp.load is not bit-exact"
     return summary(blocked, durable, restore, size)
@@ -206,6 +213,7 @@ def main():
     parser.add_argument("--parts", default=",".join(PARTS))
     parser.add_argument("--timeout", type=float, default=150, help="seconds per part")
     parser.add_argument("--json")
+    parser.add_argument("--device", default="cuda", help="torch parts only; cpu checks the script")
     parser.add_argument("--part", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.part:
@@ -214,7 +222,7 @@ def main():
     results = {}
     for part in args.parts.split(","):
         command = [sys.executable, __file__, "--part", part, "--dir", args.dir, "--gib",
-                   str(args.gib), "--tensors", str(args.tensors), "--saves", str(args.saves)]
+                   str(args.gib), "--tensors", str(args.tensors), "--saves", str(args.saves), "--device", args.device]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout,
                                   check=False)
