@@ -29,8 +29,8 @@
 #include "asyncckpt/checkpointer.h"
 #include "asyncckpt/device.h"
 #include "asyncckpt/reader.h"
-#include "src/cli/gpu_kernels.h"
 #include "device/cuda_device.h"
+#include "src/cli/gpu_kernels.h"
 
 namespace asyncckpt::gpu {
 namespace {
