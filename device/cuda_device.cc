@@ -238,8 +238,8 @@ Status CudaDeviceImpl::OrderAfterComputeLocked() {
                             : CudaError(err, "ordering the copy after the compute stream");
 }
 
-Status CudaDeviceImpl::EnqueueLocked(const void* device_src, void* host_dst, size_t bytes) {
-  const auto dst = reinterpret_cast<uintptr_t>(host_dst);
+Status CudaDeviceImpl::EnqueueLocked(void* device, void* host, size_t bytes, bool to_host) {
+  const auto dst = reinterpret_cast<uintptr_t>(host);
   size_t piece = bytes;  // one copy, unless dst lies in a parallel-pinned buffer
   uintptr_t base = dst;
   {
@@ -256,10 +256,17 @@ Status CudaDeviceImpl::EnqueueLocked(const void* device_src, void* host_dst, siz
     const uintptr_t at = dst + done;
     const size_t room = piece - (at - base) % piece;  // to the end of at's piece
     const size_t length = std::min(bytes - done, room);
-    const cudaError_t err =
-        cudaMemcpyAsync(reinterpret_cast<void*>(at), static_cast<const uint8_t*>(device_src) + done,
-                        length, cudaMemcpyDeviceToHost, AsStream(copy_stream_));
-    if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync device to host");
+    void* on_host = reinterpret_cast<void*>(at);
+    void* on_device = static_cast<uint8_t*>(device) + done;
+    const cudaError_t err = to_host
+                                ? cudaMemcpyAsync(on_host, on_device, length,
+                                                  cudaMemcpyDeviceToHost, AsStream(copy_stream_))
+                                : cudaMemcpyAsync(on_device, on_host, length,
+                                                  cudaMemcpyHostToDevice, AsStream(copy_stream_));
+    if (err != cudaSuccess) {
+      return CudaError(
+          err, to_host ? "cudaMemcpyAsync device to host" : "cudaMemcpyAsync host to device");
+    }
     done += length;
   }
   return Status::OK();
@@ -279,7 +286,9 @@ Result<std::unique_ptr<CopyFence>> CudaDeviceImpl::copy_regions_to_host_async(
   if (!status.ok()) return status;
   for (const CopyRegion& region : regions) {
     if (region.bytes == 0) continue;
-    status = EnqueueLocked(region.device_src, region.host_dst, region.bytes);
+    // The device side is only read: the const is cast away for EnqueueLocked's two directions.
+    status = EnqueueLocked(const_cast<void*>(region.device_src), region.host_dst, region.bytes,
+                           /*to_host=*/true);
     if (!status.ok()) break;
   }
   cudaEvent_t done = nullptr;
@@ -298,15 +307,9 @@ Result<std::unique_ptr<CopyFence>> CudaDeviceImpl::copy_regions_to_host_async(
 
 Status CudaDeviceImpl::copy_from_host(const void* host_src, void* device_dst, size_t bytes) {
   if (bytes == 0) return Status::OK();
-  ScopedDevice on(ordinal_);
-  cudaError_t err;
-  {
-    std::lock_guard lock(mutex_);
-    err = cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
-                          AsStream(copy_stream_));
-  }
-  if (err == cudaSuccess) err = cudaStreamSynchronize(AsStream(copy_stream_));
-  return err == cudaSuccess ? Status::OK() : CudaError(err, "copy host to device");
+  auto fence = copy_from_host_async(host_src, device_dst, bytes);
+  if (!fence.ok()) return fence.status();
+  return (*fence)->wait();
 }
 
 Result<std::unique_ptr<CopyFence>> CudaDeviceImpl::copy_from_host_async(const void* host_src,
@@ -314,14 +317,15 @@ Result<std::unique_ptr<CopyFence>> CudaDeviceImpl::copy_from_host_async(const vo
                                                                         size_t bytes) {
   ScopedDevice on(ordinal_);
   std::lock_guard lock(mutex_);
-  cudaError_t err = cudaSuccess;
-  if (bytes > 0) {
-    err = cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
-                          AsStream(copy_stream_));
+  // The host side is only read: the const is cast away for EnqueueLocked's two directions.
+  Status status = EnqueueLocked(device_dst, const_cast<void*>(host_src), bytes, /*to_host=*/false);
+  if (!status.ok()) {
+    cudaStreamSynchronize(AsStream(copy_stream_));
+    return status;
   }
+  cudaError_t err = cudaSuccess;
   cudaEvent_t done = nullptr;
-  if (err == cudaSuccess &&
-      (err = cudaEventCreateWithFlags(&done, cudaEventDisableTiming)) == cudaSuccess &&
+  if ((err = cudaEventCreateWithFlags(&done, cudaEventDisableTiming)) == cudaSuccess &&
       (err = cudaEventRecord(done, AsStream(copy_stream_))) == cudaSuccess) {
     return std::unique_ptr<CopyFence>(std::make_unique<CudaFence>(ordinal_, done));
   }

@@ -63,9 +63,10 @@ class CudaDeviceImpl final : public Device {
   CudaDeviceImpl(int ordinal, void* copy_stream) : ordinal_(ordinal), copy_stream_(copy_stream) {}
   Result<PinnedBuffer> AllocateHostAlloc(size_t rounded, size_t bytes);
   Result<PinnedBuffer> AllocateParallel(size_t rounded, size_t bytes);
-  // Enqueues one device-to-host copy on the copy stream, split where the destination crosses
-  // pieces of a parallel-pinned buffer (a copy must stay inside one registration). mutex_ held.
-  Status EnqueueLocked(const void* device_src, void* host_dst, size_t bytes);
+  // Enqueues one copy between `device` memory and `host` memory on the copy stream (to the host
+  // when `to_host`), split where the host side crosses pieces of a parallel-pinned buffer (a
+  // copy must stay inside one registration). mutex_ held.
+  Status EnqueueLocked(void* device, void* host, size_t bytes, bool to_host);
   // Makes the copy stream wait for the compute stream's work so far, if one is set. mutex_ held.
   Status OrderAfterComputeLocked();
 
