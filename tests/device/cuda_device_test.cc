@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "asyncckpt/checkpointer.h"
 #include "asyncckpt/device.h"
 #include "asyncckpt/reader.h"
 #include "asyncckpt/saver_hook.h"
@@ -369,6 +370,52 @@ TEST_F(CudaDeviceTest, LeavesTheCallersCurrentDeviceAlone) {
   ASSERT_CUDA_OK(cudaGetDevice(&after));
   EXPECT_EQ(after, current);
   ASSERT_CUDA_OK(cudaSetDevice(0));  // on_zero is freed on its own device
+}
+
+TEST_F(CudaDeviceTest, StreamOrderedSaveOfSeveralPiecesRestoresBitForBitIntoDeviceMemory) {
+  // 300 MiB: the restore streams it through its bounce buffers in three pieces, each piece's copy
+  // to the GPU overlapping the next one's reads; the save enqueues it as one region.
+  constexpr size_t kBytes = 300u << 20;
+  DeviceMemory memory(kBytes);
+  ASSERT_CUDA_OK(memory.error());
+  const std::vector<uint8_t> pattern = RandomBytes(kBytes, 5);
+  ASSERT_CUDA_OK(cudaMemcpy(memory.get(), pattern.data(), kBytes, cudaMemcpyHostToDevice));
+  ComputeStream compute;
+  ASSERT_CUDA_OK(compute.error());
+  ASSERT_TRUE(SetCudaComputeStream(*device_, compute.get()).ok());
+  char dir[] = "/tmp/cuda_pieces_test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  TensorRegistry registry;
+  ASSERT_TRUE(registry
+                  .add({"big",
+                        DType::kU8,
+                        {static_cast<int64_t>(kBytes)},
+                        memory.get(),
+                        kBytes,
+                        device_,
+                        {},
+                        {}})
+                  .ok());
+  SaverOptions options;
+  options.checkpoint_dir = dir;
+  options.save_steps = 1;
+  options.cuda_stream_ordered = true;
+  options.cuda_defer_compute_wait = true;
+  auto checkpointer = Checkpointer::Create(options);
+  ASSERT_TRUE(checkpointer.ok()) << checkpointer.status().ToString();
+  ASSERT_TRUE((*checkpointer)->save(1, registry).ok());
+  ASSERT_TRUE(WaitForCopiesOnComputeStream(*device_).ok());  // before the "update" below
+  ASSERT_CUDA_OK(cudaMemsetAsync(memory.get(), 0, kBytes, compute.get()));
+  ASSERT_TRUE((*checkpointer)->close().ok());
+  ASSERT_CUDA_OK(cudaStreamSynchronize(compute.get()));
+  auto reader = CheckpointReader::Open(std::string(dir) + "/model.ckpt-1");
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  Status restored = (*reader)->restore(registry);
+  ASSERT_TRUE(restored.ok()) << restored.ToString();
+  std::vector<uint8_t> back(kBytes);
+  ASSERT_CUDA_OK(cudaMemcpy(back.data(), memory.get(), kBytes, cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(back == pattern) << "the restore differs from the state saved";
+  std::filesystem::remove_all(dir);
 }
 
 // Saving GPU state through both hooks, with and without stream-ordered mode, and restoring it
