@@ -2,8 +2,12 @@
 
 // The CUDA device: built only when the CUDA toolkit is found (ASYNCCKPT_WITH_CUDA).
 
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "asyncckpt/device.h"
 
@@ -29,20 +33,54 @@ class CudaDeviceImpl final : public Device {
   Result<std::unique_ptr<CopyFence>> copy_to_host_async(const void* device_src, void* host_dst,
                                                         size_t bytes) override;
   Status copy_from_host(const void* host_src, void* device_dst, size_t bytes) override;
+  /// cudaMemcpyAsync on the copy stream, completed by an event.
+  Result<std::unique_ptr<CopyFence>> copy_from_host_async(const void* host_src, void* device_dst,
+                                                          size_t bytes) override;
+  /// One ordering after the compute stream (stream-ordered mode), one cudaMemcpyAsync per
+  /// region (split only where a region crosses pieces of a parallel-pinned buffer), one event.
+  Result<std::unique_ptr<CopyFence>> copy_regions_to_host_async(
+      const std::vector<CopyRegion>& regions) override;
+  Status wait_for_copies_on_compute_stream() override;
+
+  /// How allocate_pinned pins memory.
+  enum class PinnedAllocation {
+    /// One cudaHostAlloc: the driver zeroes and pins every page on the calling thread.
+    kHostAlloc,
+    /// mmap, then pieces touched and cudaHostRegister'ed on several threads at once.
+    kParallelRegister,
+  };
+  /// allocate_pinned with the way chosen by the caller (the GPU benchmark measures both).
+  Result<PinnedBuffer> allocate_pinned_with(size_t bytes, PinnedAllocation how);
+  /// The way allocate_pinned picks for `bytes`: ASYNCCKPT_PINNED_ALLOC ("host_alloc" or
+  /// "parallel") when set; else one cudaHostAlloc (to be revisited with GPU measurements).
+  static PinnedAllocation DefaultAllocation(size_t bytes);
 
   /// Stream-ordered mode: copies are ordered after work queued on `stream` (a cudaStream_t);
   /// null turns the mode off.
   void set_compute_stream(void* stream);
-  /// Makes the compute stream wait (on the GPU, not the host) for every copy started so far.
-  Status wait_for_copies_on_compute_stream();
 
  private:
   CudaDeviceImpl(int ordinal, void* copy_stream) : ordinal_(ordinal), copy_stream_(copy_stream) {}
+  Result<PinnedBuffer> AllocateHostAlloc(size_t rounded, size_t bytes);
+  Result<PinnedBuffer> AllocateParallel(size_t rounded, size_t bytes);
+  // Enqueues one copy between `device` memory and `host` memory on the copy stream (to the host
+  // when `to_host`), split where the host side crosses pieces of a parallel-pinned buffer (a
+  // copy must stay inside one registration). mutex_ held.
+  Status EnqueueLocked(void* device, void* host, size_t bytes, bool to_host);
+  // Makes the copy stream wait for the compute stream's work so far, if one is set. mutex_ held.
+  Status OrderAfterComputeLocked();
 
   int ordinal_;
   void* copy_stream_;
-  std::mutex mutex_;  // guards compute_stream_ and ordering of enqueues on the copy stream
+  std::mutex mutex_;  // guards compute_stream_ and ordering of enqueues
   void* compute_stream_ = nullptr;
+  // Parallel-pinned buffers: first byte -> (end, piece bytes). Shared with their buffers'
+  // release, which may run after the device is gone.
+  struct PieceTable {
+    std::mutex mu;
+    std::map<uintptr_t, std::pair<uintptr_t, size_t>> buffers;
+  };
+  std::shared_ptr<PieceTable> pieces_ = std::make_shared<PieceTable>();
 };
 
 }  // namespace asyncckpt

@@ -1,7 +1,12 @@
+// The host device, and what every Device shares: the synchronous copy, batched copies and the
+// stream-ordered calls' defaults.
+
 #include "device/host_device.h"
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "device/streaming_copy.h"
 
@@ -9,7 +14,64 @@ namespace asyncckpt {
 
 namespace {
 constexpr size_t kPinnedAlignment = 4096;
+
+// The fences of a batch started one region at a time: done when all are.
+class FenceGroup final : public CopyFence {
+ public:
+  explicit FenceGroup(std::vector<std::unique_ptr<CopyFence>> fences)
+      : fences_(std::move(fences)) {}
+  Status wait() override {
+    Status first;
+    for (auto& fence : fences_) {
+      Status status = fence->wait();
+      if (first.ok() && !status.ok()) first = status;
+    }
+    return first;
+  }
+  bool ready() override {
+    for (auto& fence : fences_) {
+      if (!fence->ready()) return false;
+    }
+    return true;
+  }
+
+ private:
+  std::vector<std::unique_ptr<CopyFence>> fences_;
+};
+
 }  // namespace
+
+Result<std::unique_ptr<CopyFence>> Device::copy_regions_to_host_async(
+    const std::vector<CopyRegion>& regions) {
+  std::vector<std::unique_ptr<CopyFence>> fences;
+  fences.reserve(regions.size());
+  for (const CopyRegion& region : regions) {
+    auto fence = copy_to_host_async(region.device_src, region.host_dst, region.bytes);
+    if (!fence.ok()) {
+      // The caller frees the buffers on failure: the copies already started must land first.
+      (void)FenceGroup(std::move(fences)).wait();
+      return fence.status();
+    }
+    fences.push_back(std::move(fence).value());
+  }
+  return std::unique_ptr<CopyFence>(std::make_unique<FenceGroup>(std::move(fences)));
+}
+
+Result<std::unique_ptr<CopyFence>> Device::copy_from_host_async(const void* host_src,
+                                                                void* device_dst, size_t bytes) {
+  Status status = copy_from_host(host_src, device_dst, bytes);
+  if (!status.ok()) return status;
+  return std::unique_ptr<CopyFence>(std::make_unique<ReadyFence>());
+}
+
+Status Device::wait_for_copies_on_compute_stream() {
+  return Status::FailedPrecondition("device " + name() +
+                                    " has no compute stream (stream-ordered mode is CUDA's)");
+}
+
+Status WaitForCopiesOnComputeStream(Device& device) {
+  return device.wait_for_copies_on_compute_stream();
+}
 
 Status Device::copy_to_host(const void* device_src, void* host_dst, size_t bytes) {
   auto fence = copy_to_host_async(device_src, host_dst, bytes);
@@ -56,11 +118,6 @@ Result<std::shared_ptr<Device>> NewCudaDevice(int ordinal) {
 
 Status SetCudaComputeStream(Device& device, void* cuda_stream) {
   (void)cuda_stream;
-  return Status::FailedPrecondition("device " + device.name() +
-                                    " is not a CUDA device (this build has no CUDA device)");
-}
-
-Status WaitForCopiesOnComputeStream(Device& device) {
   return Status::FailedPrecondition("device " + device.name() +
                                     " is not a CUDA device (this build has no CUDA device)");
 }

@@ -59,6 +59,13 @@ class Checkpointer {
   Status save(int64_t step, const TensorRegistry& registry,
               const std::map<std::string, std::string>& user_metadata = {});
 
+  /// Creates the engine and its staging for a state like `registry` now, so that the first
+  /// save pays for no allocation (SaverTotals::startup_seconds counts it). `reserve_bytes`: the
+  /// staging to reserve, for a state that will grow (an optimizer's moments appear after its
+  /// first step); 0 sizes it for `registry` (or options.staging_bytes when set). The registry
+  /// is not read beyond its sizes and devices. FailedPrecondition after close().
+  Status prepare(const TensorRegistry& registry, uint64_t reserve_bytes = 0);
+
   /// Saves as save() does when due(step); true when a save was taken. With OnBusy::kSkip an
   /// asynchronous save is skipped (false, counted in totals().saves_skipped) while staging is
   /// still held by earlier saves; the next due step tries again.

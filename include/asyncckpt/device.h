@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "asyncckpt/status.h"
 
@@ -62,6 +63,16 @@ class CopyFence {
   virtual bool ready() = 0;
 };
 
+/// One piece of a batched device-to-host copy (Device::copy_regions_to_host_async).
+struct CopyRegion {
+  /// Memory of the device.
+  const void* device_src = nullptr;
+  /// Host memory (pinned by the device).
+  void* host_dst = nullptr;
+  /// Bytes to copy.
+  size_t bytes = 0;
+};
+
 /// A place tensors live: the host, or an accelerator. Implementations are thread-safe.
 class Device {
  public:
@@ -81,6 +92,21 @@ class Device {
   virtual Status copy_from_host(const void* host_src, void* device_dst, size_t bytes) = 0;
   /// Copies `bytes` into host memory and waits for it.
   Status copy_to_host(const void* device_src, void* host_dst, size_t bytes);
+  /// Starts copying `bytes` from host memory (pinned by this device, for full speed) into this
+  /// device's memory; the fence says when it is done. The default copies synchronously.
+  virtual Result<std::unique_ptr<CopyFence>> copy_from_host_async(const void* host_src,
+                                                                  void* device_dst, size_t bytes);
+  /// Starts every copy of `regions`, in order, and returns one fence for them all: the whole
+  /// enqueue of a stream-ordered snapshot, so its cost follows the number of regions (one per
+  /// contiguous tensor), not their bytes. The CUDA device orders the batch once after its compute
+  /// stream, issues one cudaMemcpyAsync per region and records one event. The default starts
+  /// each region with copy_to_host_async and its fence waits for all of them. The caller keeps
+  /// every buffer alive until the fence is done.
+  virtual Result<std::unique_ptr<CopyFence>> copy_regions_to_host_async(
+      const std::vector<CopyRegion>& regions);
+  /// Stream-ordered mode: makes the compute stream wait (on the device, not the host) for every
+  /// copy started so far. FailedPrecondition on a device without a compute stream (the default).
+  virtual Status wait_for_copies_on_compute_stream();
 };
 
 /// The process-wide host device (ordinary memory).
@@ -99,7 +125,12 @@ Result<std::shared_ptr<Device>> NewCudaDevice(int ordinal = 0);
 Status SetCudaComputeStream(Device& device, void* cuda_stream);
 
 /// Makes the compute stream set by SetCudaComputeStream wait (on the GPU, not the host) for
-/// every copy started so far, so the next kernels cannot overwrite state still being copied.
+/// every copy started so far, so that no later kernel overwrites state still being copied.
+/// Call it right before the state changes (the optimizer's update), not right after save():
+/// the forward and backward passes between the two only read the state, so the copy overlaps
+/// them. A saver with SaverOptions::cuda_defer_compute_wait off calls it at the end of each
+/// stream-ordered save itself. Costs a few microseconds of the host; never waits on it.
+/// FailedPrecondition for a device without a compute stream.
 Status WaitForCopiesOnComputeStream(Device& device);
 
 }  // namespace asyncckpt

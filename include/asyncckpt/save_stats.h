@@ -31,7 +31,9 @@ struct SaveStats {
   int final_level = 0;
   /// True when the engine stored the rest of the save raw because encoding was the bottleneck.
   bool switched_to_raw = false;
-  /// Time the training thread was blocked by this save.
+  /// Time the training thread was blocked by this save: everything inside the save call,
+  /// planning and a new engine's creation (Checkpointer, when the state outgrew its staging)
+  /// included.
   double blocked_seconds = 0;
   /// From the start of the save until it was durable and committed.
   double seconds_to_durable = 0;

@@ -68,6 +68,11 @@ struct SaverTotals {
   std::map<std::string, uint64_t> chunks_by_codec;
   /// Most pinned staging memory in use at once.
   uint64_t staging_high_water_bytes = 0;
+  /// Start-up cost: seconds the saver's thread spent creating engines and their staging
+  /// (allocating, touching and registering pinned memory), at begin() or
+  /// Checkpointer::prepare(), or inside a save that needed a new engine, whose blocked_seconds
+  /// then includes it.
+  double startup_seconds = 0;
   /// Entries removed at begin(): temporaries of interrupted saves and deletions, and
   /// checkpoint directories that were incomplete or older than the retained ones
   /// (docs/durability.md).

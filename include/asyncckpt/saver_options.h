@@ -97,8 +97,14 @@ struct SaverOptions {
   /// Most writes in flight at once while saving (over all data files), in [1, kMaxQueueDepth].
   unsigned queue_depth = kDefaultQueueDepth;
   /// CUDA state: return from a save as soon as the copies are enqueued (stream-ordered mode);
-  /// set the compute stream first with SetCudaComputeStream.
+  /// set the compute stream first with SetCudaComputeStream. The save then makes the compute
+  /// stream wait for its copies, so the GPU's next kernels queue behind the copy.
   bool cuda_stream_ordered = false;
+  /// Stream-ordered mode: the save does not make the compute stream wait; the loop calls
+  /// WaitForCopiesOnComputeStream right before the state changes (the optimizer's update), so
+  /// the next forward and backward passes overlap the copy. A loop that writes the state
+  /// without that call corrupts the checkpoint.
+  bool cuda_defer_compute_wait = false;
   /// Write data files with O_DIRECT where the file system allows it, else buffered I/O with
   /// fdatasync. On by default: buffered writes cost a core's worth of page-cache copies per
   /// save, taken from the training job, and write at a fraction of the device's speed.

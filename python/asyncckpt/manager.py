@@ -52,6 +52,7 @@ class Stats:
     staging_high_water_bytes: int
     stale_temporaries_removed: list  #: temporaries of interrupted saves removed at start
     saves: list
+    startup_seconds: float = 0.0  #: creating engines and pinned staging (prepare or a save)
 
 
 def _stats(totals):
@@ -147,6 +148,14 @@ class CheckpointManager:
         finally:
             _logging.drain()
         self._warn_about_failures()
+
+    def prepare(self, state: Any, reserve_bytes: int = 0) -> None:
+        """Allocates the engine and pinned staging for ``state`` now, so the first save pays none.
+
+        ``reserve_bytes``: staging for a state that will grow (0 sizes it for ``state``).
+        """
+        leaves, _ = _flatten(state, allow_pickle=True)  # sizes only: nothing is unpickled
+        self._core.prepare([leaf.spec() for leaf in leaves], int(reserve_bytes))
 
     def should_save(self, step: int) -> bool:
         """Whether ``maybe_save(step, ...)`` would save: with save_steps, ``step % N == 0``; with

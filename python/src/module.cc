@@ -210,6 +210,7 @@ py::dict TotalsToDict(const SaverTotals& totals) {
   out["bytes_raw"] = totals.bytes_raw;
   out["bytes_stored"] = totals.bytes_stored;
   out["staging_high_water_bytes"] = totals.staging_high_water_bytes;
+  out["startup_seconds"] = totals.startup_seconds;
   out["stale_temporaries_removed"] = totals.stale_temporaries_removed;
   py::list saves;
   for (const SaveStats& stats : totals.saves) saves.append(SaveStatsToDict(stats));
@@ -308,6 +309,17 @@ class PyCheckpointer {
       py::gil_scoped_release release;
       std::lock_guard lock(mu_);
       status = checkpointer_->save(step, registry, metadata);
+    }
+    Check(status);
+  }
+
+  void prepare(const std::vector<TensorSpec>& specs, uint64_t reserve_bytes) {
+    TensorRegistry registry = ToRegistry(specs);
+    Status status;
+    {
+      py::gil_scoped_release release;
+      std::lock_guard lock(mu_);
+      status = checkpointer_->prepare(registry, reserve_bytes);
     }
     Check(status);
   }
@@ -453,6 +465,7 @@ PYBIND11_MODULE(_core, m) {
       .def("check_due", &PyCheckpointer::check_due, py::arg("step"))
       .def("due", &PyCheckpointer::due, py::arg("step"))
       .def("save", &PyCheckpointer::save, py::arg("step"), py::arg("specs"), py::arg("metadata"))
+      .def("prepare", &PyCheckpointer::prepare, py::arg("specs"), py::arg("reserve_bytes") = 0)
       .def("maybe_save", &PyCheckpointer::maybe_save, py::arg("step"), py::arg("specs"),
            py::arg("metadata"))
       .def("wait_until_finished", &PyCheckpointer::wait_until_finished)

@@ -65,24 +65,41 @@ uint64_t GlobalElementsPerTensor(const SimConfig& config);
 /// tensors too small to give every rank at least one element).
 Status ValidateSimConfig(const SimConfig& config);
 
+/// What train-sim trains: a state registered in a TensorRegistry, stepped by a pure function of
+/// (seed, step, batch), so that a resumed job ends where a straight one does. Not thread-safe.
+class TrainModel {
+ public:
+  virtual ~TrainModel() = default;
+  /// The registry naming every tensor (the model's state).
+  virtual const TensorRegistry& registry() const = 0;
+  /// Puts the state back to step 0's, in place.
+  virtual void Reset() = 0;
+  /// Applies one training step.
+  virtual void Step(int64_t step, uint64_t batch_mix) = 0;
+  /// XXH3-64 over every tensor's bytes, in name order.
+  virtual uint64_t Digest() const = 0;
+  /// The first failure of a step (a device's), or OK; host models never fail.
+  virtual Status status() const { return Status::OK(); }
+  /// Total bytes of state.
+  uint64_t state_bytes() const { return registry().total_bytes(); }
+};
+
 /// A model whose state lives in xtensor arrays registered in a TensorRegistry. Not thread-safe.
-class SimModel {
+class SimModel final : public TrainModel {
  public:
   /// InvalidArgument for an unsupported dtype, a non-positive tensor count or too small a state.
   static Result<std::unique_ptr<SimModel>> Create(const SimConfig& config);
 
   /// The registry naming every array (the model's state).
-  const TensorRegistry& registry() const { return registry_; }
+  const TensorRegistry& registry() const override { return registry_; }
   /// Puts every array back to its initial state (the state at step 0), in place: the
   /// registry's buffers stay where they are.
-  void Reset();
+  void Reset() override;
   /// Applies one training step: every element of every array changes, as a function of the
   /// seed, the step and `batch_mix` (a digest of the step's input batch).
-  void Step(int64_t step, uint64_t batch_mix);
+  void Step(int64_t step, uint64_t batch_mix) override;
   /// XXH3-64 over every tensor's bytes, in name order (with shard: this rank's slices only).
-  uint64_t Digest() const;
-  /// Total bytes of state.
-  uint64_t state_bytes() const { return registry_.total_bytes(); }
+  uint64_t Digest() const override;
 
  private:
   using Array = std::variant<xt::xarray<float>, xt::xarray<double>, xt::xarray<uint16_t>>;

@@ -34,6 +34,7 @@
 #include "src/cli/memcpy_yardstick.h"
 #include "src/cli/shard_job.h"
 #include "src/cli/sim_model.h"
+#include "src/cli/train_sim_gpu.h"
 #include "src/cli/train_sim_memory.h"
 #include "src/cli/train_sim_report.h"
 #include "src/cli/train_sim_session.h"
@@ -100,7 +101,8 @@ uint64_t PeakRssBytes() {
 // What one run holds, declared in the order it is built, so that it is destroyed in reverse:
 // the session first, then the creators and hooks, the input, and the model last.
 struct RunParts {
-  std::unique_ptr<SimModel> model;
+  std::unique_ptr<TrainModel> model;
+  GpuModel* gpu = nullptr;  // --device cuda: the model, borrowed
   std::unique_ptr<RecordDatasetIterator> input;
   // The time the last step ended, which every hook's save_secs timer reads.
   std::shared_ptr<std::atomic<double>> step_end;
@@ -133,13 +135,14 @@ void AnnounceRun(const TrainSimConfig& config, const TensorRegistry& registry,
 // The checkpoint directory, the model and the input, and the clock the savers read.
 Status StartRun(TrainSimConfig& config, RunSummary* summary, Coordinator* coordinator, bool lead,
                 RunParts& run) {
+  // First: a GPU that is missing ends the run before anything is made on disk.
+  ASSIGN_OR_RETURN(run.model, MakeTrainModel(config, &run.gpu));
   if (!config.dir_was_given) {
     ASSIGN_OR_RETURN(config.saver.checkpoint_dir, MakeTempCheckpointDir());
   }
   if (lead) {
     std::fprintf(stderr, "train-sim: checkpoint_dir %s\n", config.saver.checkpoint_dir.c_str());
   }
-  ASSIGN_OR_RETURN(run.model, SimModel::Create(config.model));
   const TensorRegistry& registry = run.model->registry();
   AnnounceRun(config, registry, coordinator, lead);
   summary->state_bytes = registry.total_bytes();
@@ -225,6 +228,7 @@ Status TrainStep(StepContext& ctx, const TrainSimConfig& config, Coordinator* co
                  RunParts& run, std::vector<uint8_t>& batch, std::set<int64_t>& preempted) {
   RETURN_IF_ERROR(run.input->next_batch(config.batch_size, &batch));
   run.model->Step(ctx.step(), XXH3_64bits(batch.data(), batch.size()));
+  RETURN_IF_ERROR(run.model->status());
   if (config.step_ms > 0) {
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(config.step_ms));
   }
@@ -325,6 +329,7 @@ Status FinishRun(const TrainSimConfig& config, Coordinator* coordinator, bool le
   summary->input_checkpoints = run.input_hook ? run.input_hook->saves_committed() : 0;
   if (run.yardstick) summary->memcpy_seconds_by_step = run.yardstick->seconds_by_step();
   summary->peak_rss_bytes = PeakRssBytes();
+  if (run.gpu != nullptr) RETURN_IF_ERROR(RestoreIntoGpu(*run.gpu, summary->totals, summary));
   // naive and none write no checkpoint the reader could verify.
   if (config.verify && run.input_hook && lead) {
     RETURN_IF_ERROR(VerifyListed(config.saver.checkpoint_dir, &summary->verified));

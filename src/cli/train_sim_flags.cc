@@ -75,6 +75,13 @@ const std::vector<FlagSpec>& TrainSimFlags() {
        true},
       {"coordination_timeout_secs", "300",
        "with --shard: longest wait for the other ranks, in a collective or a commit"},
+      {"device", "host",
+       "where the state lives: host, or cuda (GPU memory of cuda:0; f32, no --shard; the "
+       "memcpy yardstick becomes one device-to-host copy of the state)"},
+      {"stream_ordered", "",
+       "with --device cuda and --saver async: stream-ordered saves, each step's update waiting "
+       "on the GPU for the snapshot's copies",
+       true},
       {"memcpy_yardstick", "true",
        "time a plain parallel memcpy of the state just before each save (needs a second copy "
        "of the state in memory)"},
@@ -339,6 +346,29 @@ Status CheckReportFlags(const ParsedFlags& flags, TrainSimConfig& config) {
   return Status::OK();
 }
 
+// Where the state lives, and stream-ordered saves of GPU state.
+Status CheckDeviceFlags(const ParsedFlags& flags, TrainSimConfig& config) {
+  const std::string device = flags.get("device");
+  if (device != "host" && device != "cuda") {
+    return BadValue(flags, "device", "host or cuda");
+  }
+  config.cuda = device == "cuda";
+  config.stream_ordered = flags.get_switch("stream_ordered");
+  if (config.stream_ordered && (!config.cuda || config.saver_kind != "async")) {
+    return Status::InvalidArgument("--stream_ordered needs --device cuda and --saver async");
+  }
+  if (config.cuda) {
+    if (config.model.shard) return Status::InvalidArgument("--device cuda has no --shard");
+    if (config.saver_kind == "naive") {
+      return Status::InvalidArgument("--saver naive reads host memory; not with --device cuda");
+    }
+    config.memcpy_yardstick = false;  // the state is not in host memory: GpuModel::d2h_seconds
+    config.saver.cuda_stream_ordered = config.stream_ordered;
+    config.saver.cuda_defer_compute_wait = config.stream_ordered;
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags, const ShardContext* shard) {
@@ -359,6 +389,7 @@ Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags, const ShardCont
     RETURN_IF_ERROR(CheckShardFlags(flags, config));
   }
   RETURN_IF_ERROR(CheckReportFlags(flags, config));
+  RETURN_IF_ERROR(CheckDeviceFlags(flags, config));
   // The saver's own checks, as a backstop for anything the flags above let through.
   SaverOptions probe = config.saver;
   if (probe.checkpoint_dir.empty()) probe.checkpoint_dir = "/tmp";

@@ -46,6 +46,11 @@ struct TrainSimConfig {
   bool quiet = false;
   /// --memcpy_yardstick (false under --saver none).
   bool memcpy_yardstick = true;
+  /// --device cuda: the state in GPU memory (GpuModel); false: host memory (SimModel).
+  bool cuda = false;
+  /// --stream_ordered (with --device cuda): saves return once their copies are enqueued, and
+  /// each step's update waits for them on the GPU.
+  bool stream_ordered = false;
   /// True when --checkpoint_dir was given.
   bool dir_was_given = false;
   /// --max_memory; unset: what the machine has.

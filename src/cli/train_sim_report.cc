@@ -11,6 +11,7 @@
 
 #include "src/cli/flags.h"
 #include "src/cli/json.h"
+#include "src/cli/train_sim_gpu.h"
 
 namespace asyncckpt::cli {
 
@@ -50,6 +51,13 @@ void PrintSaveCosts(const RunSummary& s) {
   const double blocked_median = Percentile(BlockedPerSave(t), 50);
   std::printf("blocked by saves   %.3f s total; per save median %.3f s, max %.3f s\n",
               t.blocked_seconds_total, blocked_median, t.blocked_seconds_max);
+  if (t.saves.size() >= 2) {
+    std::printf("first save         blocked %.3f s, %.2fx the later saves' median %.3f s\n",
+                t.saves.front().blocked_seconds, FirstOverSteadyBlocked(t), SteadyBlockedMedian(t));
+  }
+  std::printf("saver start-up     %.3f s (engines and staging, outside the saves)\n",
+              t.startup_seconds);
+  PrintGpuFigures(s);
   const std::vector<double> runs = MemcpyRuns(s);
   const std::vector<double> ratios = BlockedOverMemcpyPerSave(s);
   if (runs.empty()) {
@@ -141,6 +149,16 @@ void WriteSaveTotals(JsonWriter& json, const RunSummary& s) {
   json.field("blocked_seconds_total", t.blocked_seconds_total);
   json.field("blocked_seconds_per_save_max", t.blocked_seconds_max);
   json.field("blocked_seconds_per_save_median", Percentile(BlockedPerSave(t), 50));
+  json.field("first_save_blocked_seconds", t.saves.empty() ? 0.0 : t.saves.front().blocked_seconds);
+  json.field("steady_save_blocked_median", SteadyBlockedMedian(t));
+  json.field("first_over_steady_blocked", FirstOverSteadyBlocked(t));
+  json.field("startup_seconds", t.startup_seconds);
+  if (s.d2h_seconds > 0) {
+    json.field("d2h_seconds", s.d2h_seconds);
+    json.field("loop_lost_per_save_over_d2h", LoopSecondsLostPerSave(s) / s.d2h_seconds);
+    json.field("gpu_restore_seconds", s.gpu_restore_seconds);
+    json.field("gpu_restore_bit_exact", static_cast<int64_t>(s.gpu_restore_exact));
+  }
   json.field("state_memcpy_seconds", Percentile(MemcpyRuns(s), 50));
   json.field("state_memcpy_seconds_max", Percentile(MemcpyRuns(s), 100));
   json.key("state_memcpy_runs").begin_array();

@@ -85,7 +85,7 @@ InputPipelineOptions InputOptions(const TrainSimConfig& config) {
 }
 
 Result<std::unique_ptr<CheckpointSessionCreator>> MakeCreator(const TrainSimConfig& config,
-                                                              SimModel* model) {
+                                                              TrainModel* model) {
   CheckpointSessionCreatorOptions options;
   options.checkpoint_dir = config.saver.checkpoint_dir;
   options.model_basename = config.saver.basename;
@@ -99,7 +99,7 @@ Result<std::unique_ptr<CheckpointSessionCreator>> MakeCreator(const TrainSimConf
 }
 
 Result<std::unique_ptr<ShardedSessionCreator>> MakeShardedCreator(const TrainSimConfig& config,
-                                                                  SimModel* model,
+                                                                  TrainModel* model,
                                                                   Coordinator* coordinator) {
   ShardedSessionCreatorOptions options;
   options.checkpoint_dir = config.saver.checkpoint_dir;

@@ -56,13 +56,13 @@ InputPipelineOptions InputOptions(const TrainSimConfig& config);
 /// Checkpoints without any such pair are an error unless --allow_fresh_start; with no
 /// checkpoint at all the job starts afresh from step 0 (a re-created session resets the model).
 Result<std::unique_ptr<CheckpointSessionCreator>> MakeCreator(const TrainSimConfig& config,
-                                                              SimModel* model);
+                                                              TrainModel* model);
 
 /// --shard: every rank agrees on the step to resume (ShardedSessionCreator). The input pairs
 /// with the model unless the saver writes no input checkpoints (none, naive: a restore of the
 /// model alone, on any number of ranks).
 Result<std::unique_ptr<ShardedSessionCreator>> MakeShardedCreator(const TrainSimConfig& config,
-                                                                  SimModel* model,
+                                                                  TrainModel* model,
                                                                   Coordinator* coordinator);
 
 /// Opens the dataset, writing the synthetic one first when it is missing, and sets

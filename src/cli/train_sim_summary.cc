@@ -42,6 +42,18 @@ std::vector<double> BlockedPerSave(const SaverTotals& totals) {
   return blocked;
 }
 
+double SteadyBlockedMedian(const SaverTotals& totals) {
+  std::vector<double> blocked = BlockedPerSave(totals);
+  if (blocked.size() < 2) return 0;
+  blocked.erase(blocked.begin());
+  return Percentile(blocked, 50);
+}
+
+double FirstOverSteadyBlocked(const SaverTotals& totals) {
+  const double steady = SteadyBlockedMedian(totals);
+  return steady > 0 ? totals.saves.front().blocked_seconds / steady : 0;
+}
+
 std::vector<double> MemcpyRuns(const RunSummary& s) {
   std::vector<double> runs;
   for (const auto& [step, seconds] : s.memcpy_seconds_by_step) runs.push_back(seconds);

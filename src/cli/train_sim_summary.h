@@ -96,6 +96,12 @@ struct RunSummary {
   double restore_seconds = 0;
   /// --shard: every rank's figures in rank order (gathered to every rank).
   std::vector<RankFigures> ranks;
+  /// --device cuda: one device-to-host copy of the state into pinned memory (0: host state).
+  double d2h_seconds = 0;
+  /// --device cuda: the restore of the newest checkpoint into GPU memory after the run.
+  double gpu_restore_seconds = 0;
+  /// --device cuda: whether that restore gave back the final state bit for bit (-1: none).
+  int gpu_restore_exact = -1;
 };
 
 /// The p-th percentile (nearest rank) of `values`; 0 when empty.
@@ -106,6 +112,10 @@ double Percentile(std::vector<double> values, double p);
 
 /// Each save's training-thread blocked time.
 std::vector<double> BlockedPerSave(const SaverTotals& totals);
+/// The first save's blocked time over the median of the later ones' (0 with fewer than two).
+double FirstOverSteadyBlocked(const SaverTotals& totals);
+/// The median blocked time of every save after the first.
+double SteadyBlockedMedian(const SaverTotals& totals);
 /// Each successful save's time to durable.
 std::vector<double> DurablePerSave(const SaverTotals& totals);
 /// The yardstick memcpy times, in step order.

@@ -109,6 +109,7 @@ class Engine::Impl {
   Status Preallocate(SaveJob& save, uint64_t alignment);
   bool Busy(const SaveJob& save) const;
   void CopyWave(SaveJob& save, std::vector<ChunkPtr>& wave);
+  std::vector<ChunkMsg*> EnqueueDeviceCopies(SaveJob& save, std::vector<ChunkPtr>& wave);
   void WaitForStreamOrderedCopies(SaveJob& save);
   bool sharded() const { return options_.sharding.world_size > 1; }
   void SetTempDir(SaveJob& save, std::string name) const {
@@ -250,7 +251,7 @@ bool Engine::Impl::Busy(const SaveJob& save) const {
 }
 
 Result<SubmitResult> Engine::Impl::Submit(SubmitRequest request) {
-  const auto start = SteadyClock::now();
+  const auto start = request.started.value_or(SteadyClock::now());
   const std::string name = format::CheckpointDirName(options_.basename, request.metadata.step);
   // Checked before anything is copied or written: a name or rank the index cannot hold would
   // otherwise fail only at the commit, after every byte was written.
@@ -311,7 +312,7 @@ Result<SubmitResult> Engine::Impl::Submit(SubmitRequest request) {
     CopyWave(*save, wave);
     graph_->PutChunks(std::move(wave));
   }
-  if (options_.stream_ordered) WaitForStreamOrderedCopies(*save);
+  if (options_.stream_ordered && !options_.defer_compute_wait) WaitForStreamOrderedCopies(*save);
   save->blocked_seconds = SecondsSince(start);
   const SubmitResult result{SubmitOutcome::kSubmitted, save->blocked_seconds};
   graph_->ReleaseHold(save);
@@ -320,19 +321,93 @@ Result<SubmitResult> Engine::Impl::Submit(SubmitRequest request) {
 
 void Engine::Impl::WaitForStreamOrderedCopies(SaveJob& save) {
   for (const TensorRef& ref : registry_->tensors()) {
-    if (ref.device && ref.device->kind() == DeviceKind::kCuda) {
-      Status status = WaitForCopiesOnComputeStream(*ref.device);
+    if (ref.device && ref.device->kind() != DeviceKind::kHost) {
+      Status status = ref.device->wait_for_copies_on_compute_stream();
       if (!status.ok()) save.Fail(status);
       return;  // one device per registry: one wait covers every copy
     }
   }
 }
 
+namespace {
+
+// One batch's fence, shared by each of its chunks; the graph waits on it per chunk.
+class SharedFence final : public CopyFence {
+ public:
+  explicit SharedFence(std::shared_ptr<CopyFence> fence) : fence_(std::move(fence)) {}
+  Status wait() override { return fence_->wait(); }
+  bool ready() override { return fence_->ready(); }
+
+ private:
+  std::shared_ptr<CopyFence> fence_;
+};
+
+// Extends the last region by `bytes` when [src, dst) continue it on both sides.
+bool Extend(std::vector<CopyRegion>& regions, const uint8_t* src, uint8_t* dst, size_t bytes) {
+  if (regions.empty()) return false;
+  CopyRegion& last = regions.back();
+  if (static_cast<const uint8_t*>(last.device_src) + last.bytes != src ||
+      static_cast<uint8_t*>(last.host_dst) + last.bytes != dst) {
+    return false;
+  }
+  last.bytes += bytes;
+  return true;
+}
+
+}  // namespace
+
+// Stream-ordered mode: the wave's chunks of device tensors are enqueued in one batch, merged into
+// one region per contiguous run (a tensor's chunks lie side by side in its memory and, leased in
+// order, in staging), so that the training thread's cost follows the tensors, not their bytes;
+// every chunk shares the batch's fence, which the encoder waits for. Returns the other chunks.
+std::vector<ChunkMsg*> Engine::Impl::EnqueueDeviceCopies(SaveJob& save,
+                                                         std::vector<ChunkPtr>& wave) {
+  std::vector<ChunkMsg*> rest;
+  std::shared_ptr<Device> device;
+  std::vector<CopyRegion> regions;
+  std::vector<ChunkMsg*> batch;
+  for (ChunkPtr& ptr : wave) {
+    ChunkMsg& msg = *ptr;
+    const auto& job = save.jobs[msg.job];
+    const TensorRef& ref = registry_->tensors()[job.tensor];
+    const bool batched = msg.lease.data() != nullptr && ref.device &&
+                         ref.device->kind() != DeviceKind::kHost &&
+                         (!device || ref.device == device);
+    if (!batched) {
+      rest.push_back(&msg);
+      continue;
+    }
+    device = ref.device;
+    const auto* src = static_cast<const uint8_t*>(ref.data) + job.offset;
+    if (!Extend(regions, src, msg.lease.data(), job.length)) {
+      regions.push_back(CopyRegion{src, msg.lease.data(), job.length});
+    }
+    batch.push_back(&msg);
+  }
+  if (batch.empty()) return rest;
+  Guarded(save, "snapshot copy", [&] {
+    auto fence = device->copy_regions_to_host_async(regions);
+    if (!fence.ok()) {
+      save.Fail(fence.status().WithContext(save.final_name + ": snapshot copy"));
+      return;
+    }
+    std::shared_ptr<CopyFence> shared = std::move(fence).value();
+    for (ChunkMsg* msg : batch) msg->fence = std::make_unique<SharedFence>(shared);
+  });
+  return rest;
+}
+
 void Engine::Impl::CopyWave(SaveJob& save, std::vector<ChunkPtr>& wave) {
   if (save.failed) return;  // its chunks pass through the graph empty
   const bool wait_here = !options_.stream_ordered;
-  copy_crew_.Run(wave.size(), [&](size_t i) {
-    ChunkMsg& msg = *wave[i];
+  std::vector<ChunkMsg*> chunks;
+  if (options_.stream_ordered) {
+    chunks = EnqueueDeviceCopies(save, wave);
+  } else {
+    for (ChunkPtr& msg : wave) chunks.push_back(msg.get());
+  }
+  copy_crew_.Run(chunks.size(), [&](size_t i) {
+    ChunkMsg& msg = *chunks[i];
     if (msg.lease.data() == nullptr || save.failed) return;
     Guarded(save, "snapshot copy", [&] {
       const auto& job = save.jobs[msg.job];

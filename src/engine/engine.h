@@ -36,6 +36,7 @@
 #include "asyncckpt/tensor.h"
 #include "src/format/writer.h"
 #include "src/state/checkpoint_state.h"
+#include "src/util/elapsed.h"
 
 namespace asyncckpt {
 
@@ -78,9 +79,12 @@ struct EngineOptions {
   /// Snapshot copy threads (the caller and N - 1 helpers), and the background arena's limit
   /// (at most cores - 1 workers); 0 means the machine's cores.
   unsigned background_threads = 0;
-  /// Copies from CUDA tensors return without waiting for the device (stream-ordered mode);
-  /// the graph waits for the copies before encoding.
+  /// Copies from device tensors return once enqueued (stream-ordered mode): one batch per wave,
+  /// one region per contiguous run of chunks; the graph waits for the copies before encoding.
   bool stream_ordered = false;
+  /// Stream-ordered mode: Submit leaves the compute stream's wait for the copies to the caller
+  /// (WaitForCopiesOnComputeStream before the state changes) instead of ordering it at its end.
+  bool defer_compute_wait = false;
   /// Run the graph at high priority: for small saves that must not queue behind a large one
   /// (the input pipeline's state beside the model's), when workers are scarce.
   bool high_priority = false;
@@ -141,6 +145,9 @@ struct SubmitRequest {
   /// The registry's plan, when the caller made it (PlanSnapshot with this engine's options);
   /// empty: Submit makes it.
   std::optional<SnapshotPlan> plan;
+  /// When the caller's save began, if before Submit: blocked time and time to durable count
+  /// from there (a saver that planned the state or created this engine first).
+  std::optional<SteadyClock::time_point> started;
 };
 
 /// What Submit did.

@@ -275,12 +275,14 @@ void SaveGraph::Impl::Build() {
 ChunkPtr SaveGraph::Impl::Encode(ChunkPtr msg) {
   SaveJob& save = *msg->save;
   Guarded(save, "encode", [&] {
-    if (save.failed) return;
     if (msg->fence) {
+      // Also when the save failed: the lease returns to the pool with this message, and no copy
+      // may still be landing in it then.
       Status copied = msg->fence->wait();
       msg->fence.reset();
       if (!copied.ok()) return save.Fail(copied.WithContext(ChunkContext(save, msg->job)));
     }
+    if (save.failed) return;
     if (options_.compression.kind != CompressionKind::kNone) {
       // Encoders are the bottleneck when the writers have nothing to do while chunks queue up
       // for encoding: then a cheaper level (and at last raw) finishes the save sooner.

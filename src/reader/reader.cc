@@ -28,6 +28,7 @@
 #include "src/format/format.h"
 #include "src/format/index_file.h"
 #include "src/reader/box.h"
+#include "src/reader/device_restore.h"
 #include "src/reader/read_plan.h"
 #include "src/reader/streaming_read.h"
 #include "src/util/byte_buffer.h"
@@ -269,27 +270,15 @@ class CheckpointReaderImpl final : public CheckpointReader {
   Status Restore(const TensorRegistry& registry) {
     RETURN_IF_ERROR(reader::CheckRegistry(*this, registry));
     RETURN_IF_ERROR(RestoreHostTensors(registry));
-    std::shared_ptr<Device> staging_device;
-    PinnedBuffer staging;
-    for (const TensorRef& ref : registry.tensors()) {
-      if (ref.device == nullptr || ref.device->kind() == DeviceKind::kHost) continue;
-      if (ref.bytes == 0) continue;
-      // One pinned buffer, grown to the largest device tensor, serves them all.
-      if (staging.size() < ref.bytes || staging_device != ref.device) {
-        staging.reset();
-        ASSIGN_OR_RETURN(staging, ref.device->allocate_pinned(ref.bytes));
-        staging_device = ref.device;
-      }
-      const std::vector<int64_t> whole(ref.shape.size(), 0);
-      const BoxRequest request{&ref.name,  IsShard(ref) ? &ref.global_offset : &whole,
-                               &ref.shape, static_cast<uint8_t*>(staging.data()),
-                               ref.bytes,  !IsShard(ref)};
-      RETURN_IF_ERROR(ReadBoxes({&request, 1}));
-      RETURN_IF_ERROR(
-          ref.device->copy_from_host(staging.data(), ref.data, ref.bytes)
-              .WithContext("restoring tensor " + Quote(ref.name) + " to " + ref.device->name()));
-    }
-    return Status::OK();
+    // Device tensors: piece by piece through pinned bounce buffers, each piece's copy to the
+    // device overlapping the next piece's reads.
+    return reader::RestoreDevicePieces(
+        reader::PlanDevicePieces(registry, reader::kDevicePieceBytes),
+        [&](const reader::DevicePiece& piece, uint8_t* host) {
+          const BoxRequest request{&piece.ref->name, &piece.first, &piece.shape, host,
+                                   piece.bytes,      false};
+          return ReadBoxes({&request, 1});
+        });
   }
 
   // Every host tensor of the registry in one streaming pass, so that their reads overlap.

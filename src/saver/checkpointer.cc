@@ -78,8 +78,17 @@ class Checkpointer::Impl {
     return Save(step, registry, user_metadata, /*may_skip=*/true);
   }
 
+  Status Prepare(const TensorRegistry& registry, uint64_t reserve_bytes) {
+    if (closed_) return Status::FailedPrecondition("the checkpointer is closed");
+    ASSIGN_OR_RETURN(SnapshotPlan plan, PlanSnapshot(registry, core_->engine_options(), "prepare"));
+    reserve_bytes_ = std::max(reserve_bytes_, reserve_bytes);
+    return PrepareEngine(registry, plan);
+  }
+
   Result<bool> Save(int64_t step, const TensorRegistry& registry,
                     const std::map<std::string, std::string>& user_metadata, bool may_skip) {
+    // Blocked time counts from here: planning and a new engine are the caller's wait too.
+    const auto started = SteadyClock::now();
     if (closed_) return Status::FailedPrecondition("the checkpointer is closed");
     RETURN_IF_ERROR(core_->Deliver(nullptr));
     RETURN_IF_ERROR(CheckStep(step));
@@ -96,6 +105,7 @@ class Checkpointer::Impl {
     request.metadata = std::move(metadata);
     request.may_skip = may_skip;
     request.plan = std::move(plan);
+    request.started = started;
     ASSIGN_OR_RETURN(const CoreSaveResult saved, core_->Save(std::move(request)));
     if (mode_ == SaveMode::kSynchronous && !saved.stats.status.ok()) {
       core_->RecordFailure(saved.stats.status);
@@ -163,14 +173,15 @@ class Checkpointer::Impl {
   // in flight) is needed only when staging must be pinned by another device or, sized from an
   // earlier state (staging_bytes 0), is smaller than this one's would be.
   Status PrepareEngine(const TensorRegistry& registry, const SnapshotPlan& plan) {
+    const uint64_t wanted = std::max(core_->StagingBytesFor(plan), reserve_bytes_);
     const bool fits = core_->has_engine() && StagingDevice(registry) == staging_device_ &&
-                      core_->StagingBytesFor(plan) <= core_->staging_budget();
+                      wanted <= core_->staging_budget();
     registry_ = registry;
     if (fits) return Status::OK();
     staging_device_ = StagingDevice(registry);
     // Sized from the plan at hand, so that the core need not plan the registry again.
     EngineOptions engine_options = core_->engine_options();
-    engine_options.staging_bytes = core_->StagingBytesFor(plan);
+    engine_options.staging_bytes = wanted;
     return core_->CreateEngine(&registry_, engine_options);
   }
 
@@ -178,6 +189,7 @@ class Checkpointer::Impl {
   const SaveMode mode_;
   TensorRegistry registry_;  // what the engine borrows; replaced between submits
   const Device* staging_device_ = nullptr;
+  uint64_t reserve_bytes_ = 0;  // staging asked for by prepare(), kept by later engines
   bool closed_ = false;
 };
 
@@ -206,6 +218,10 @@ bool Checkpointer::due(int64_t step) const { return impl_->Due(step); }
 Status Checkpointer::save(int64_t step, const TensorRegistry& registry,
                           const std::map<std::string, std::string>& user_metadata) {
   return impl_->Save(step, registry, user_metadata, /*may_skip=*/false).status();
+}
+
+Status Checkpointer::prepare(const TensorRegistry& registry, uint64_t reserve_bytes) {
+  return impl_->Prepare(registry, reserve_bytes);
 }
 
 Result<bool> Checkpointer::maybe_save(int64_t step, const TensorRegistry& registry,

@@ -268,6 +268,7 @@ EngineOptions EngineOptionsFor(const SaverOptions& saver, std::string job_token)
   options.use_o_direct = saver.use_o_direct;
   options.background_threads = saver.background_threads;
   options.stream_ordered = saver.cuda_stream_ordered;
+  options.defer_compute_wait = saver.cuda_defer_compute_wait;
   return options;
 }
 

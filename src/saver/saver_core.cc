@@ -102,9 +102,15 @@ Status SaverCore::CreateEngine(const TensorRegistry* registry,
                                const EngineOptions& engine_options) {
   if (engine_) engine_->WaitAll();
   engine_.reset();
-  ASSIGN_OR_RETURN(engine_, Engine::Create(WithStaging(*registry, engine_options), storage_.fs,
-                                           storage_.manager.get(), registry,
-                                           [this](const SaveStats& stats) { OnDone(stats); }));
+  const auto start = SteadyClock::now();
+  auto created =
+      Engine::Create(WithStaging(*registry, engine_options), storage_.fs, storage_.manager.get(),
+                     registry, [this](const SaveStats& stats) { OnDone(stats); });
+  {
+    std::lock_guard lock(mu_);
+    totals_.startup_seconds += SecondsSince(start);
+  }
+  ASSIGN_OR_RETURN(engine_, std::move(created));
   return Status::OK();
 }
 
@@ -114,7 +120,7 @@ Result<CoreSaveResult> SaverCore::Save(CoreSaveRequest request) {
   if (!engine_) return Status::FailedPrecondition("the saver has not started (begin() not called)");
   const int64_t step = request.metadata.step;
   RETURN_IF_ERROR(CheckStep(step));
-  const auto start = SteadyClock::now();
+  const auto start = request.started.value_or(SteadyClock::now());
   const bool heed = request.heed_listeners;
   SubmitRequest submit;
   submit.metadata = std::move(request.metadata);
@@ -128,6 +134,7 @@ Result<CoreSaveResult> SaverCore::Save(CoreSaveRequest request) {
     for (auto* listener : setup_.listeners) listener->before_save(step);
   };
   submit.plan = std::move(request.plan);
+  submit.started = start;
   ASSIGN_OR_RETURN(const SubmitResult submitted, engine_->Submit(std::move(submit)));
   schedule_.mark(step);
   {

@@ -53,6 +53,8 @@ struct CoreSaveRequest {
   bool heed_listeners = true;
   /// The tensors' plan when the saver made it already (PlanSnapshot with engine_options()).
   std::optional<SnapshotPlan> plan;
+  /// When the saver's save call began, if before Save (blocked time counts from there).
+  std::optional<SteadyClock::time_point> started;
 };
 
 /// What SaverCore::Save did.

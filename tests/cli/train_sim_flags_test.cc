@@ -52,6 +52,23 @@ TEST(TrainSimFlagsTest, AnOutOfRangeValueIsQuotedAsGiven) {
   EXPECT_EQ(config.status().message(), "--queue_depth must be in [1, 4096], got '4097'");
 }
 
+TEST(TrainSimFlagsTest, DeviceCudaTurnsTheYardstickIntoTheModelsAndStreamOrderedNeedsIt) {
+  auto config = Config({"--device", "cuda", "--saver", "async", "--stream_ordered"});
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_TRUE(config->cuda);
+  EXPECT_FALSE(config->memcpy_yardstick) << "the state is not in host memory";
+  EXPECT_TRUE(config->saver.cuda_stream_ordered);
+  EXPECT_TRUE(config->saver.cuda_defer_compute_wait) << "the model waits before its update";
+  EXPECT_THAT(Config({"--stream_ordered"}).status().message(),
+              HasSubstr("--stream_ordered needs --device cuda and --saver async"));
+  EXPECT_THAT(
+      Config({"--device", "cuda", "--saver", "sync", "--stream_ordered"}).status().message(),
+      HasSubstr("--stream_ordered needs"));
+  EXPECT_EQ(Config({"--device", "tpu"}).status().message(),
+            "--device must be host or cuda, got 'tpu'");
+  EXPECT_FALSE(Config({})->cuda);
+}
+
 TEST(TrainSimFlagsTest, ChunksSmallerThanAPageAreRefusedWithTheReason) {
   auto config = Config({"--chunk_bytes", "1KiB"});
   EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument);

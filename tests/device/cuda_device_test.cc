@@ -1,6 +1,8 @@
 // The CUDA device. Every test that needs a GPU skips when none is visible; the rest check that
 // a build or a machine without CUDA fails cleanly, with a status.
 
+#include "device/cuda_device.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "asyncckpt/checkpointer.h"
 #include "asyncckpt/device.h"
 #include "asyncckpt/reader.h"
 #include "asyncckpt/saver_hook.h"
@@ -275,11 +278,14 @@ TEST_F(CudaDeviceTest, StreamOrderedCopySeesQueuedComputeAndComputeWaitsForTheCo
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
   ASSERT_TRUE(SetCudaComputeStream(*device_, compute.get()).ok());
 
-  // The "step": queued, not finished, when the snapshot copy is started.
+  // The "step": queued, not finished, when the snapshot copy is started. The copy must see its
+  // last write (0x10, 0x2B, ... 0x97).
+  uint8_t step_value = 0;
   for (int value = 0x10; value <= 0xAB; value += 0x1B) {
     ASSERT_CUDA_OK(cudaMemsetAsync(memory.get(), value, kBytes, compute.get()));
+    step_value = static_cast<uint8_t>(value);
   }
-  const uint8_t step_value = 0xAB;
+  ASSERT_EQ(step_value, 0x97);
   auto fence = device_->copy_to_host_async(memory.get(), pinned->data(), kBytes);
   ASSERT_TRUE(fence.ok()) << fence.status().ToString();
   Status ordered = WaitForCopiesOnComputeStream(*device_);
@@ -299,6 +305,54 @@ TEST_F(CudaDeviceTest, StreamOrderedCopySeesQueuedComputeAndComputeWaitsForTheCo
   EXPECT_EQ(WaitForCopiesOnComputeStream(*device_).code(), StatusCode::kFailedPrecondition);
 }
 
+TEST_F(CudaDeviceTest, StreamOrderedBatchIsTakenAfterEveryQueuedWrite) {
+  // Two regions, one enqueue: each must hold the compute stream's last queued write, which
+  // cannot have finished when the batch is enqueued (64 passes over 512 MiB). A copy taken
+  // before the queued work would find the zeros or an earlier pass.
+  constexpr size_t kBytes = 256u << 20;
+  DeviceMemory first(kBytes);
+  DeviceMemory second(kBytes);
+  ASSERT_CUDA_OK(first.error());
+  ASSERT_CUDA_OK(second.error());
+  ComputeStream compute;
+  ASSERT_CUDA_OK(compute.error());
+  Result<PinnedBuffer> pinned = device_->allocate_pinned(2 * kBytes);
+  ASSERT_TRUE(pinned.ok()) << pinned.status().ToString();
+  auto* host = static_cast<uint8_t*>(pinned->data());
+  std::memset(host, 0xEE, 2 * kBytes);
+  ASSERT_CUDA_OK(cudaMemset(first.get(), 0, kBytes));
+  ASSERT_CUDA_OK(cudaMemset(second.get(), 0, kBytes));
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_TRUE(SetCudaComputeStream(*device_, compute.get()).ok());
+  for (int pass = 1; pass <= 64; ++pass) {
+    ASSERT_CUDA_OK(cudaMemsetAsync(first.get(), pass, kBytes, compute.get()));
+    ASSERT_CUDA_OK(cudaMemsetAsync(second.get(), pass + 100, kBytes, compute.get()));
+  }
+  auto fence = device_->copy_regions_to_host_async(
+      {CopyRegion{first.get(), host, kBytes}, CopyRegion{second.get(), host + kBytes, kBytes}});
+  ASSERT_TRUE(fence.ok()) << fence.status().ToString();
+  ASSERT_TRUE((*fence)->wait().ok());
+  EXPECT_EQ(FirstNotEqual(host, kBytes, 64), kBytes);
+  EXPECT_EQ(FirstNotEqual(host + kBytes, kBytes, 164), kBytes);
+  ASSERT_CUDA_OK(cudaStreamSynchronize(compute.get()));
+}
+
+TEST_F(CudaDeviceTest, ParallelPinnedBufferCopiesAcrossItsPieces) {
+  // A region that spans several registered pieces is split at their edges and still lands whole.
+  auto* cuda = dynamic_cast<CudaDeviceImpl*>(device_.get());
+  ASSERT_NE(cuda, nullptr);
+  constexpr size_t kBytes = 600u << 20;  // three pieces of at least 256 MiB
+  Result<PinnedBuffer> pinned =
+      cuda->allocate_pinned_with(kBytes, CudaDeviceImpl::PinnedAllocation::kParallelRegister);
+  ASSERT_TRUE(pinned.ok()) << pinned.status().ToString();
+  DeviceMemory memory(kBytes);
+  ASSERT_CUDA_OK(memory.error());
+  ASSERT_CUDA_OK(cudaMemset(memory.get(), 0x5A, kBytes));
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_TRUE(device_->copy_to_host(memory.get(), pinned->data(), kBytes).ok());
+  EXPECT_EQ(FirstNotEqual(static_cast<uint8_t*>(pinned->data()), kBytes, 0x5A), kBytes);
+}
+
 TEST_F(CudaDeviceTest, LeavesTheCallersCurrentDeviceAlone) {
   int count = 0;
   ASSERT_CUDA_OK(cudaGetDeviceCount(&count));
@@ -316,6 +370,52 @@ TEST_F(CudaDeviceTest, LeavesTheCallersCurrentDeviceAlone) {
   ASSERT_CUDA_OK(cudaGetDevice(&after));
   EXPECT_EQ(after, current);
   ASSERT_CUDA_OK(cudaSetDevice(0));  // on_zero is freed on its own device
+}
+
+TEST_F(CudaDeviceTest, StreamOrderedSaveOfSeveralPiecesRestoresBitForBitIntoDeviceMemory) {
+  // 300 MiB: the restore streams it through its bounce buffers in three pieces, each piece's copy
+  // to the GPU overlapping the next one's reads; the save enqueues it as one region.
+  constexpr size_t kBytes = 300u << 20;
+  DeviceMemory memory(kBytes);
+  ASSERT_CUDA_OK(memory.error());
+  const std::vector<uint8_t> pattern = RandomBytes(kBytes, 5);
+  ASSERT_CUDA_OK(cudaMemcpy(memory.get(), pattern.data(), kBytes, cudaMemcpyHostToDevice));
+  ComputeStream compute;
+  ASSERT_CUDA_OK(compute.error());
+  ASSERT_TRUE(SetCudaComputeStream(*device_, compute.get()).ok());
+  char dir[] = "/tmp/cuda_pieces_test-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  TensorRegistry registry;
+  ASSERT_TRUE(registry
+                  .add({"big",
+                        DType::kU8,
+                        {static_cast<int64_t>(kBytes)},
+                        memory.get(),
+                        kBytes,
+                        device_,
+                        {},
+                        {}})
+                  .ok());
+  SaverOptions options;
+  options.checkpoint_dir = dir;
+  options.save_steps = 1;
+  options.cuda_stream_ordered = true;
+  options.cuda_defer_compute_wait = true;
+  auto checkpointer = Checkpointer::Create(options);
+  ASSERT_TRUE(checkpointer.ok()) << checkpointer.status().ToString();
+  ASSERT_TRUE((*checkpointer)->save(1, registry).ok());
+  ASSERT_TRUE(WaitForCopiesOnComputeStream(*device_).ok());  // before the "update" below
+  ASSERT_CUDA_OK(cudaMemsetAsync(memory.get(), 0, kBytes, compute.get()));
+  ASSERT_TRUE((*checkpointer)->close().ok());
+  ASSERT_CUDA_OK(cudaStreamSynchronize(compute.get()));
+  auto reader = CheckpointReader::Open(std::string(dir) + "/model.ckpt-1");
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  Status restored = (*reader)->restore(registry);
+  ASSERT_TRUE(restored.ok()) << restored.ToString();
+  std::vector<uint8_t> back(kBytes);
+  ASSERT_CUDA_OK(cudaMemcpy(back.data(), memory.get(), kBytes, cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(back == pattern) << "the restore differs from the state saved";
+  std::filesystem::remove_all(dir);
 }
 
 // Saving GPU state through both hooks, with and without stream-ordered mode, and restoring it

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "asyncckpt/device.h"
 #include "asyncckpt/input_pipeline.h"
 #include "asyncckpt/reader.h"
 #include "asyncckpt/state.h"
@@ -781,6 +782,45 @@ TEST_F(TrainSimTest, ModelCheckpointsWithoutInputPartnersNeedAllowFreshStart) {
   ASSERT_EQ(straight.exit_code, 0) << straight.err;
   EXPECT_EQ(fresh.metrics["final_state_digest"], straight.metrics["final_state_digest"]);
   EXPECT_EQ(fresh.metrics["input_state_digest"], straight.metrics["input_state_digest"]);
+}
+
+// ---- --device cuda
+// -------------------------------------------------------------------------------
+
+TEST_F(TrainSimTest, DeviceCudaWithoutAGpuFailsSayingSoAndWritesNothing) {
+  if (CudaAvailable()) GTEST_SKIP() << "a GPU is visible";
+  const std::string dir = Path("no-gpu");
+  RunResult run = Train(dir, 4, {"--device", "cuda"});
+  EXPECT_EQ(run.exit_code, 1) << run.err;
+  EXPECT_NE(run.err.find("--device cuda"), std::string::npos) << run.err;
+  EXPECT_FALSE(std::filesystem::exists(dir + "/checkpoint")) << "no run may start";
+}
+
+// The GPU job in each saving mode: it resumes into the state a straight run ends in, and its
+// newest checkpoint restores into GPU memory bit for bit.
+TEST_F(TrainSimTest, DeviceCudaResumesBitExactInEveryMode) {
+  if (!CudaAvailable()) GTEST_SKIP() << "no CUDA GPU is visible";
+  const std::vector<std::vector<std::string>> modes = {
+      {"--saver", "sync"}, {"--saver", "async"}, {"--saver", "async", "--stream_ordered"}};
+  std::string straight_digest;
+  for (const auto& mode : modes) {
+    SCOPED_TRACE(mode.back());
+    std::vector<std::string> flags = {"--device", "cuda"};
+    flags.insert(flags.end(), mode.begin(), mode.end());
+    const std::string dir = Path("gpu-" + std::to_string(runs_));
+    RunResult first = Train(dir, 12, flags);
+    ASSERT_EQ(first.exit_code, 0) << first.err;
+    RunResult second = Train(dir, 20, flags);
+    ASSERT_EQ(second.exit_code, 0) << second.err;
+    EXPECT_TRUE(SaysResumedAt(second.err, dir, 12)) << second.err;
+    EXPECT_EQ(second.metrics["gpu_restore_bit_exact"], 1) << second.metrics.dump();
+    if (straight_digest.empty()) {
+      RunResult straight = Train(Path("gpu-straight"), 20, flags);
+      ASSERT_EQ(straight.exit_code, 0) << straight.err;
+      straight_digest = straight.metrics["final_state_digest"].get<std::string>();
+    }
+    EXPECT_EQ(second.metrics["final_state_digest"], straight_digest);
+  }
 }
 
 }  // namespace

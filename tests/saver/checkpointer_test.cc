@@ -216,6 +216,36 @@ TEST_P(CheckpointerTest, TensorsAddedBetweenSavesAreSavedWithTheRest) {
   ExpectHoldsStep(3, /*with_optimizer=*/true);
 }
 
+TEST_P(CheckpointerTest, PrepareCreatesStagingOnceAndTheSavesOfAGrowingStateReuseIt) {
+  auto checkpointer = Make(Options());
+  ASSERT_NE(checkpointer, nullptr);
+  SetState(1);
+  ASSERT_TRUE(checkpointer->prepare(Registry(), /*reserve_bytes=*/1 << 20).ok());
+  const double startup = checkpointer->totals().startup_seconds;
+  EXPECT_GT(startup, 0);
+  ASSERT_TRUE(checkpointer->save(1, Registry()).ok());
+  // The optimizer's state appears: the reserve holds it, so no engine is created again.
+  SetState(2);
+  ASSERT_TRUE(checkpointer->save(2, Registry(/*with_optimizer=*/true)).ok());
+  ASSERT_TRUE(checkpointer->close().ok());
+  EXPECT_EQ(checkpointer->totals().startup_seconds, startup);
+  ExpectHoldsStep(1);
+  ExpectHoldsStep(2, /*with_optimizer=*/true);
+  EXPECT_EQ(checkpointer->prepare(Registry()).code(), StatusCode::kFailedPrecondition);
+}
+
+TEST_P(CheckpointerTest, AFirstSaveThatCreatesTheEngineCountsItAsBlocked) {
+  auto checkpointer = Make(Options());
+  ASSERT_NE(checkpointer, nullptr);
+  SetState(1);
+  ASSERT_TRUE(checkpointer->save(1, Registry()).ok());
+  ASSERT_TRUE(checkpointer->close().ok());
+  const SaverTotals totals = checkpointer->totals();
+  ASSERT_EQ(totals.saves.size(), 1u);
+  EXPECT_GT(totals.startup_seconds, 0);
+  EXPECT_GE(totals.saves[0].blocked_seconds, totals.startup_seconds);
+}
+
 TEST_P(CheckpointerTest, PerSaveMetadataIsStoredBesideTheOptionsMetadataAndWins) {
   SaverOptions options = Options();
   options.user_metadata = {{"job", "digits"}, {"epoch", "options"}};
