@@ -16,6 +16,7 @@
 namespace asyncckpt {
 
 using state_internal::Classify;
+using state_internal::ValidateNamed;
 using state_internal::Verdict;
 
 Result<ValidCheckpoint> IndexFileExists(io::FileSystem& fs, const std::string& checkpoint_path) {
@@ -40,6 +41,16 @@ Verdict Classify(const Status& status) {
     return Verdict::kIncomplete;
   }
   return Verdict::kUnknown;
+}
+
+Result<ValidCheckpoint> ValidateNamed(const CheckpointValidator& validator, const std::string& path,
+                                      int64_t step) {
+  Result<ValidCheckpoint> valid = validator(path);
+  if (valid.ok() && valid->step && *valid->step != step) {
+    return Status::Corruption(path + " holds the state of step " + std::to_string(*valid->step) +
+                              ", not of step " + std::to_string(step) + " as its name says");
+  }
+  return valid;
 }
 
 }  // namespace state_internal
@@ -68,7 +79,7 @@ Result<std::string> StateFileProblem(io::FileSystem& fs, const std::string& dir,
       return "state file " + state_path + " names " + name + ", which is " +
              DescribeEntryType(type);
     }
-    const Result<ValidCheckpoint> valid = validator(path);
+    const Result<ValidCheckpoint> valid = ValidateNamed(validator, path, *step);
     if (Classify(valid.status()) == Verdict::kIncomplete) {
       return "state file " + state_path + " names " + name + ", which is incomplete (" +
              valid.status().message() + ")";
@@ -106,7 +117,7 @@ Result<std::vector<int64_t>> ListCommittedSteps(io::FileSystem& fs, const std::s
     const std::string path = JoinCheckpointPath(dir, name);
     io::EntryType type = io::EntryType::kNone;
     if (!fs.entry_type(path, &type).ok() || type != io::EntryType::kDirectory) continue;
-    const Result<ValidCheckpoint> valid = check(path);
+    const Result<ValidCheckpoint> valid = ValidateNamed(check, path, *step);
     if (valid.ok()) {
       steps.push_back(*step);
     } else if (Classify(valid.status()) == Verdict::kUnknown) {
