@@ -16,7 +16,6 @@
 namespace asyncckpt {
 
 using state_internal::Classify;
-using state_internal::ValidateNamed;
 using state_internal::Verdict;
 
 Result<ValidCheckpoint> IndexFileExists(io::FileSystem& fs, const std::string& checkpoint_path) {
@@ -79,7 +78,7 @@ Result<std::string> StateFileProblem(io::FileSystem& fs, const std::string& dir,
       return "state file " + state_path + " names " + name + ", which is " +
              DescribeEntryType(type);
     }
-    const Result<ValidCheckpoint> valid = ValidateNamed(validator, path, *step);
+    const Result<ValidCheckpoint> valid = validator(path);
     if (Classify(valid.status()) == Verdict::kIncomplete) {
       return "state file " + state_path + " names " + name + ", which is incomplete (" +
              valid.status().message() + ")";
@@ -117,7 +116,7 @@ Result<std::vector<int64_t>> ListCommittedSteps(io::FileSystem& fs, const std::s
     const std::string path = JoinCheckpointPath(dir, name);
     io::EntryType type = io::EntryType::kNone;
     if (!fs.entry_type(path, &type).ok() || type != io::EntryType::kDirectory) continue;
-    const Result<ValidCheckpoint> valid = ValidateNamed(check, path, *step);
+    const Result<ValidCheckpoint> valid = check(path);
     if (valid.ok()) {
       steps.push_back(*step);
     } else if (Classify(valid.status()) == Verdict::kUnknown) {
