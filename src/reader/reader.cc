@@ -338,7 +338,10 @@ class CheckpointReaderImpl final : public CheckpointReader {
   Status Load() {
     io::EntryType type = io::EntryType::kNone;
     RETURN_IF_ERROR(ToStatus(fs_->entry_type(path_, &type, io::Symlinks::kFollow)));
-    if (type == io::EntryType::kNone) return Status::NotFound("no checkpoint at " + path_);
+    if (type == io::EntryType::kNone) {
+      // An empty path is shown as '' so that the message never ends in nothing.
+      return Status::NotFound("no checkpoint at " + (path_.empty() ? std::string("''") : path_));
+    }
     if (type != io::EntryType::kDirectory) {
       return Status::NotFound(path_ + " is not a checkpoint directory");
     }

@@ -500,6 +500,9 @@ TEST_F(ReaderTest, MissingDirectoryOrIndexIsNotFound) {
   Result<std::unique_ptr<CheckpointReader>> no_index = CheckpointReader::Open(dir_, Posix());
   EXPECT_EQ(no_index.status().code(), StatusCode::kNotFound);
   EXPECT_THAT(no_index.status().message(), HasSubstr(dir_ + "/index"));
+  Result<std::unique_ptr<CheckpointReader>> empty = CheckpointReader::Open("", Posix());
+  EXPECT_EQ(empty.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(empty.status().message(), "no checkpoint at ''");
 }
 
 TEST_F(ReaderTest, DamagedIndexIsCorruptionNamingIt) {
