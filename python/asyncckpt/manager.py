@@ -85,11 +85,12 @@ class CheckpointManager:
                  chunk_bytes=_core.DEFAULT_CHUNK_BYTES,
                  num_data_files=_core.DEFAULT_NUM_DATA_FILES, background_threads=0,
                  queue_depth=_core.DEFAULT_QUEUE_DEPTH, use_o_direct=True, force_posix_io=False,
-                 metadata=None):
+                 metadata=None, allow_fresh_start=False):
         self._scheduled = save_steps is not None or save_secs is not None
         self._directory = os.fspath(directory)
         self._on_error = on_error
         self._failures_seen = 0
+        self._allow_fresh_start = bool(allow_fresh_start)
         self._core = _core.Checkpointer(
             self._directory,
             # The C++ options need a schedule; save() alone ignores it, maybe_save refuses.
@@ -97,7 +98,7 @@ class CheckpointManager:
             save_secs, max_to_keep, float(keep_checkpoint_every_n_hours), compression,
             compression_level, staging_bytes, on_busy, on_error, asynchronous, basename,
             chunk_bytes, num_data_files, background_threads, queue_depth, use_o_direct,
-            force_posix_io, dict(metadata or {}))
+            force_posix_io, dict(metadata or {}), allow_fresh_start=bool(allow_fresh_start))
         self._closed = False
         self._finalizer = weakref.finalize(self, _close_quietly, self._core)
 
@@ -201,7 +202,8 @@ class CheckpointManager:
         and ``state`` lacks are added (a fresh optimizer's empty ``state``), plain values and
         tuples are replaced by the saved ones. A key of ``state`` the checkpoint lacks is an
         error. Returns the restored step, or None (``state`` untouched) when there is no
-        checkpoint yet.
+        checkpoint yet; raises CheckpointError naming them when there is none but damaged ones
+        (quarantined at the first save; see docs/durability.md), unless allow_fresh_start.
 
         Then hand the parts to their owners, as with torch.load:
         ``model.load_state_dict(state["model"])``, ``optimizer.load_state_dict(...)``.
@@ -211,10 +213,20 @@ class CheckpointManager:
         if step is None:
             step = self.latest_step()
             if step is None:
+                self._refuse_to_start_afresh()
                 return None
         reader = self._core.open(int(step))
         _restore_from(reader, state)
         return reader.step
+
+    def _refuse_to_start_afresh(self):
+        # Nothing to restore beside damaged checkpoints: a None here would train from step 0.
+        damaged = [] if self._allow_fresh_start else self._core.damaged()
+        if damaged:
+            raise CheckpointError(
+                f"{self._directory} has no checkpoint to restore, only damaged ones: "
+                + "; ".join(damaged) + ". Inspect them (asyncckpt verify), restore a good copy, "
+                "or delete them or pass allow_fresh_start=True to train from step 0")
 
     def load(self, step=None):
         """A new state from checkpoint ``step`` (the latest when None), as asyncckpt.load."""

@@ -55,6 +55,16 @@ Result<ValidCheckpoint> ValidateNamed(const CheckpointValidator& validator, cons
 
 }  // namespace state_internal
 
+/// What start-up would quarantine, or has quarantined, among the checkpoints of `basename` in
+/// `dir`, without changing anything: one line per directory, its path and what is wrong. Every
+/// "<basename>-<step>.corrupt-<hex>" directory, and every "<basename>-<step>" real directory
+/// that `validator` finds damaged (NotFound, Corruption, or metadata of another step). A
+/// directory it cannot tell about is not named. IOError when `dir` cannot be listed; a missing
+/// `dir` has none.
+Result<std::vector<std::string>> FindDamagedCheckpoints(io::FileSystem& fs, const std::string& dir,
+                                                        const std::string& basename,
+                                                        const CheckpointValidator& validator);
+
 /// The steps of the committed checkpoints "<basename>-<step>" in `dir`, ascending (the engine
 /// of CommittedCheckpointSteps, with an injected validator). From the state file when it is
 /// healthy: it parses and names at least one checkpoint of `basename`, and each one it names is
