@@ -408,7 +408,11 @@ IoStatus PosixFileSystem::lock_file(const std::string& path, std::unique_ptr<Fil
     return IoStatus::FromErrno(errno, "truncate lock file", path);
   }
   if (IoStatus s = WriteFully(owned.get(), path, 0, holder.data(), holder.size()); !s.ok()) {
-    return s;
+    // The flock is the lock; the line only names the holder to a refused job. A full disk, a
+    // quota or a file-size limit must not stop a resume: keep the lock, the file left empty.
+    const int e = s.error_number();
+    if (e != ENOSPC && e != EDQUOT && e != EFBIG) return s;
+    (void)::ftruncate(owned.get(), 0);
   }
   *lock = std::make_unique<PosixFileLock>(path, owned.release());
   return IoStatus::Ok();

@@ -32,13 +32,26 @@ namespace asyncckpt {
 /// Threads: save, maybe_save, due, wait_until_finished, close and open are called from one
 /// thread at a time (the training thread); totals, all_steps, latest_step and checkpoint_path
 /// from any thread.
+/// When a Checkpointer takes checkpoint_dir: locks it, cleans up and quarantines (the start of
+/// SaverStorage::Start).
+enum class CheckpointerStart {
+  /// In Create().
+  kAtCreate,
+  /// At the first save or maybe_save; until then the checkpointer only reads the directory
+  /// (the Python manager: constructing one changes nothing on disk).
+  kAtFirstSave,
+};
+
 class Checkpointer {
  public:
-  /// Validates the options (InvalidArgument naming the field), creates checkpoint_dir, removes
-  /// temporaries of interrupted saves, and recovers the retained list from the state file.
-  /// `mode` says whether a save returns once staged (the default) or once committed.
-  static Result<std::unique_ptr<Checkpointer>> Create(SaverOptions options,
-                                                      SaveMode mode = SaveMode::kAsynchronous);
+  /// Validates the options (InvalidArgument naming the field); then, at `start`, creates
+  /// checkpoint_dir, locks it, removes temporaries of interrupted saves, quarantines damaged
+  /// checkpoints, and recovers the retained list from the state file (a refusal, such as
+  /// another writer's lock or quarantined checkpoints without allow_fresh_start, is returned
+  /// there). `mode` says whether a save returns once staged (the default) or once committed.
+  static Result<std::unique_ptr<Checkpointer>> Create(
+      SaverOptions options, SaveMode mode = SaveMode::kAsynchronous,
+      CheckpointerStart start = CheckpointerStart::kAtCreate);
   /// Waits for the saves in flight; their failures are dropped (close() reports them).
   ~Checkpointer();
   Checkpointer(const Checkpointer&) = delete;
@@ -84,8 +97,13 @@ class Checkpointer {
   /// Totals so far, every save's stats in step order.
   SaverTotals totals() const;
 
-  /// Steps of the retained checkpoints, oldest first (committed saves only).
+  /// Steps of the retained checkpoints, oldest first (committed saves only). Before a deferred
+  /// start: the committed steps the directory holds (CommittedCheckpointSteps; none on error).
   std::vector<int64_t> all_steps() const;
+  /// The damaged checkpoints of this basename in checkpoint_dir, quarantined or about to be,
+  /// one line each ("<path>: what is wrong"); read-only (FindDamagedCheckpoints). For a caller
+  /// that finds no step to restore, so that it does not start afresh beside them.
+  Result<std::vector<std::string>> damaged() const;
   /// The newest retained step, or nullopt when there is none.
   std::optional<int64_t> latest_step() const;
   /// The directory of checkpoint `step` ("<checkpoint_dir>/<basename>-<step>").

@@ -45,10 +45,12 @@ enum class SaveMode {
 
 /// Options shared by every saver. Validated once, by the saver's Create() (ValidateSaverOptions).
 ///
-/// The directory lock: a saver's start locks "<checkpoint_dir>/<basename>.lock" (an advisory
-/// lock holding the holder's PID and host) before it looks at or removes anything there, and
-/// keeps it until its end() / close(). A second saver of the same checkpoint_dir and basename,
-/// in any process, fails to start with FailedPrecondition naming the lock file and its holder.
+/// The directory lock: a saver's start locks "<checkpoint_dir>/<state file>.lock" (an advisory
+/// lock holding the holder's PID and host; "checkpoint.lock" for the model's savers,
+/// "checkpoint_input.lock" for the input hook's) before it looks at or removes anything there,
+/// and keeps it until its end() / close(). The lock is per state file, not per basename: a
+/// second saver that would write the same state file, of any basename, in any process, fails
+/// to start with FailedPrecondition naming the lock file and its holder.
 struct SaverOptions {
   /// Directory holding the checkpoints and the `checkpoint` state file; created if missing.
   std::string checkpoint_dir;
@@ -128,6 +130,10 @@ struct SaverOptions {
   /// own after_run) is not agreed, and the final saves of different steps fail after
   /// coordination_timeout_secs.
   Coordinator* coordinator = nullptr;
+  /// Start even when checkpoint_dir holds quarantined (damaged) checkpoints of this basename,
+  /// "<basename>-<step>.corrupt-<hex>", and no good one. Off (the default): such a start fails
+  /// with FailedPrecondition naming them, as a fresh start would silently train from step 0.
+  bool allow_fresh_start = false;
   /// Multi-process jobs: how long a rank waits for the others during a save's commit before
   /// that save fails on it (seconds, > 0).
   double coordination_timeout_secs = 300;

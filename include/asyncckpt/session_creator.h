@@ -33,7 +33,9 @@ struct CheckpointSessionCreatorOptions {
   /// FailedPrecondition naming what was found, since a fresh start would train over them. On,
   /// a pre-emption before this job's saves have replaced them may restore one of them. Not
   /// needed for a re-creation while every session so far started afresh: what is found then
-  /// is this job's own, its model saves still in flight.
+  /// is this job's own, its model saves still in flight. Also needed to start from step 0
+  /// when there is nothing to resume but quarantined (damaged) checkpoints of either basename,
+  /// "<basename>-<step>.corrupt-<hex>": without it that is FailedPrecondition naming them.
   bool allow_fresh_start = false;
   /// Puts the registry's tensors back to their initial values when there is no checkpoint to
   /// restore (TensorFlow's Scaffold init_fn). Null: the registry is taken to hold the initial

@@ -213,13 +213,38 @@ def _dict_key_component(key, names):
                     f"{type(key).__name__}; asyncckpt stores str and int keys only")
 
 
-def _flatten(value, names, leaves, allow_arrays=True):
+MAX_DEPTH = 100  # containers nested deeper than this are refused (Python's stack is finite)
+
+
+def _enter(value, names, active):
+    """Checks that a container may be descended into: not deeper than MAX_DEPTH, not a cycle."""
+    if len(names) >= MAX_DEPTH:
+        raise ValueError(f"the state nests containers deeper than {MAX_DEPTH} levels at "
+                         f"{_where(names[:3] + ['...'])}; asyncckpt stores at most {MAX_DEPTH}")
+    if id(value) in active:
+        raise ValueError(f"the state refers to itself: the {type(value).__name__} at "
+                         f"{_where(names)} contains itself (a cycle cannot be saved)")
+    active.add(id(value))
+
+
+def _flatten(value, names, leaves, allow_arrays=True, active=None):
+    active = set() if active is None else active
+    if isinstance(value, (dict, list, tuple)):
+        _enter(value, names, active)
+        try:
+            return _flatten_container(value, names, leaves, allow_arrays, active)
+        finally:
+            active.discard(id(value))
     if is_array(value):
         if not allow_arrays:
             raise TypeError(f"a tensor at {_where(names)} where only plain values may be")
         leaf, node = (_torch_leaf if is_tensor(value) else _numpy_leaf)(value, names)
         leaves.append(leaf)
         return node
+    return encode_value(value, _where(names))
+
+
+def _flatten_container(value, names, leaves, allow_arrays, active):
     if isinstance(value, dict):
         entries = []
         components = {}
@@ -229,17 +254,18 @@ def _flatten(value, names, leaves, allow_arrays=True):
                 raise ValueError(f"the keys {components[component]!r} and {key!r} of the dict at "
                                  f"{_where(names)} would both be named '{component}'")
             components[component] = key
-            entries.append([key, _flatten(child, names + [component], leaves, allow_arrays)])
+            entries.append([key, _flatten(child, names + [component], leaves, allow_arrays,
+                                          active)])
         node = {"d": entries}
         if type(value) is collections.OrderedDict:
             node["o"] = 1
             # model.state_dict() carries the modules' versions here; load_state_dict reads them.
             versions = getattr(value, "_metadata", None)
             if versions is not None:
-                node["m"] = _flatten(versions, names + ["_metadata"], leaves, allow_arrays=False)
+                node["m"] = _flatten(versions, names + ["_metadata"], leaves, False, active)
         return node
     if type(value) in (list, tuple):
-        items = [_flatten(child, names + [str(i)], leaves, allow_arrays)
+        items = [_flatten(child, names + [str(i)], leaves, allow_arrays, active)
                  for i, child in enumerate(value)]
         return {"l" if type(value) is list else "t": items}
     return encode_value(value, _where(names))
@@ -270,7 +296,7 @@ def read_tree(user_metadata, path):
     pieces = sorted(k for k in user_metadata if k.startswith(TREE_KEY_PREFIX))
     try:
         return json.loads("".join(user_metadata[k] for k in pieces))["root"]
-    except (ValueError, KeyError) as error:
+    except (ValueError, KeyError, RecursionError) as error:
         raise ValueError(f"{path}: the Python tree in the metadata is damaged: {error}") from None
 
 

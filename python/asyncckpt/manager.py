@@ -107,13 +107,15 @@ class CheckpointManager:
                  num_data_files: int = _core.DEFAULT_NUM_DATA_FILES,
                  background_threads: int = 0, queue_depth: int = _core.DEFAULT_QUEUE_DEPTH,
                  use_o_direct: bool = True, force_posix_io: bool = False,
-                 metadata: Optional[Mapping[str, str]] = None) -> None:
+                 metadata: Optional[Mapping[str, str]] = None,
+                 allow_fresh_start: bool = False) -> None:
         self._scheduled = save_steps is not None or save_secs is not None
         # save_steps is Python's schedule (Orbax's rule); the C++ timer then sees every step.
         self._save_steps = _steps.check_save_steps(save_steps) if save_secs is None else None
         self._directory = os.fspath(directory)
         self._on_error = on_error
         self._failures_seen = 0
+        self._allow_fresh_start = bool(allow_fresh_start)
         self._core = _core.Checkpointer(
             self._directory,
             # The C++ options need a schedule; save() alone ignores it, maybe_save refuses.
@@ -121,7 +123,7 @@ class CheckpointManager:
             save_secs, max_to_keep, float(keep_checkpoint_every_n_hours), compression,
             compression_level, staging_bytes, on_busy, on_error, asynchronous, basename,
             chunk_bytes, num_data_files, background_threads, queue_depth, use_o_direct,
-            force_posix_io, dict(metadata or {}))
+            force_posix_io, dict(metadata or {}), allow_fresh_start=bool(allow_fresh_start))
         self._closed = False
         self._finalizer = weakref.finalize(self, _close_quietly, self._core)
         self._ledger = _steps.StepLedger(self._core.latest_step())
@@ -277,7 +279,8 @@ class CheckpointManager:
         and ``state`` lacks are added (a fresh optimizer's empty ``state``), plain values and
         tuples are replaced by the saved ones. A key of ``state`` the checkpoint lacks is an
         error. Returns the restored step, or None (``state`` untouched) when there is no
-        checkpoint yet.
+        checkpoint yet; raises CheckpointError naming them when there is none but damaged ones
+        (quarantined at the first save; see docs/durability.md), unless allow_fresh_start.
 
         A stateful object in ``state`` (a module, an optimizer, a scheduler: anything with
         ``state_dict()`` / ``load_state_dict()``) is restored as DCP does it: a fresh
@@ -291,6 +294,7 @@ class CheckpointManager:
         if step is None:
             step = self.latest_step()
             if step is None:
+                self._refuse_to_start_afresh()
                 return None
         try:
             reader = self._core.open(_steps.check_step(step))
@@ -299,6 +303,15 @@ class CheckpointManager:
         finally:
             _logging.drain()
         return reader.step
+
+    def _refuse_to_start_afresh(self) -> None:
+        # Nothing to restore beside damaged checkpoints: a None here would train from step 0.
+        damaged = [] if self._allow_fresh_start else self._core.damaged()
+        if damaged:
+            raise CheckpointError(
+                f"{self._directory} has no checkpoint to restore, only damaged ones: "
+                + "; ".join(damaged) + ". Inspect them (asyncckpt verify), restore a good copy, "
+                "or delete them or pass allow_fresh_start=True to train from step 0")
 
     def load(self, step: Optional[int] = None, *, allow_pickle: bool = False) -> Any:
         """A new state from checkpoint ``step`` (the latest when None), as asyncckpt.load."""

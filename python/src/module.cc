@@ -361,6 +361,7 @@ class PyCheckpointer {
   std::vector<int64_t> all_steps() const { return checkpointer_->all_steps(); }
   std::optional<int64_t> latest_step() const { return checkpointer_->latest_step(); }
   std::string checkpoint_path(int64_t step) const { return checkpointer_->checkpoint_path(step); }
+  std::vector<std::string> damaged() const { return Take(checkpointer_->damaged()); }
 
   std::unique_ptr<CheckpointReader> open(std::optional<int64_t> step) {
     Result<std::unique_ptr<CheckpointReader>> reader = Status::Internal("not opened");
@@ -384,7 +385,7 @@ std::unique_ptr<PyCheckpointer> MakeCheckpointer(
     const std::string& on_busy, const std::string& on_error, bool asynchronous,
     const std::string& basename, uint64_t chunk_bytes, uint32_t num_data_files,
     unsigned background_threads, unsigned queue_depth, bool use_o_direct, bool force_posix_io,
-    const std::map<std::string, std::string>& user_metadata) {
+    const std::map<std::string, std::string>& user_metadata, bool allow_fresh_start) {
   SaverOptions options;
   options.checkpoint_dir = directory;
   options.save_steps = save_steps;
@@ -404,11 +405,14 @@ std::unique_ptr<PyCheckpointer> MakeCheckpointer(
   options.use_o_direct = use_o_direct;
   options.force_posix_io = force_posix_io;
   options.user_metadata = user_metadata;
+  options.allow_fresh_start = allow_fresh_start;
   Result<std::unique_ptr<Checkpointer>> made = Status::Internal("not created");
   {
     py::gil_scoped_release release;
+    // Constructing a manager only reads: the lock, clean-up and quarantine come at its first save.
     made = Checkpointer::Create(std::move(options),
-                                asynchronous ? SaveMode::kAsynchronous : SaveMode::kSynchronous);
+                                asynchronous ? SaveMode::kAsynchronous : SaveMode::kSynchronous,
+                                CheckpointerStart::kAtFirstSave);
   }
   return std::make_unique<PyCheckpointer>(Take(std::move(made)));
 }
@@ -461,7 +465,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("on_busy"), py::arg("on_error"), py::arg("asynchronous"), py::arg("basename"),
            py::arg("chunk_bytes"), py::arg("num_data_files"), py::arg("background_threads"),
            py::arg("queue_depth"), py::arg("use_o_direct"), py::arg("force_posix_io"),
-           py::arg("user_metadata"))
+           py::arg("user_metadata"), py::arg("allow_fresh_start") = false)
       .def("check_due", &PyCheckpointer::check_due, py::arg("step"))
       .def("due", &PyCheckpointer::due, py::arg("step"))
       .def("save", &PyCheckpointer::save, py::arg("step"), py::arg("specs"), py::arg("metadata"))
@@ -474,6 +478,7 @@ PYBIND11_MODULE(_core, m) {
       .def("all_steps", &PyCheckpointer::all_steps)
       .def("latest_step", &PyCheckpointer::latest_step)
       .def("checkpoint_path", &PyCheckpointer::checkpoint_path, py::arg("step"))
+      .def("damaged", &PyCheckpointer::damaged)
       .def(
           "open",
           [](py::object self, std::optional<int64_t> step) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <string_view>
 
@@ -194,8 +195,8 @@ Status CheckScheduleFlags(const ParsedFlags& flags, SaverOptions& saver) {
     ASSIGN_OR_RETURN(saver.save_steps, IntFlag(flags, "save_steps", 1, INT64_MAX));
   }
   if (flags.has("save_secs")) {
-    ASSIGN_OR_RETURN(saver.save_secs,
-                     DoubleFlag(flags, "save_secs", 1e-9, 1e15, "a positive number of seconds"));
+    ASSIGN_OR_RETURN(saver.save_secs, DoubleFlag(flags, "save_secs", std::nextafter(0.0, 1.0), 1e15,
+                                                 "a positive number of seconds, at most 1e15"));
   }
   if (!flags.has("save_steps") && !flags.has("save_secs")) saver.save_steps = 50;
   ASSIGN_OR_RETURN(int64_t max_to_keep, IntFlag(flags, "max_to_keep", 0, INT32_MAX));
@@ -305,8 +306,18 @@ Status CheckInputFlags(const ParsedFlags& flags, TrainSimConfig& config) {
   config.input.prefetch = static_cast<size_t>(prefetch);
   config.input.seed = config.model.seed;
   config.allow_fresh_start = flags.get_switch("allow_fresh_start");
+  config.saver.allow_fresh_start = config.allow_fresh_start;
+  if (flags.has("preempt_at_steps") && flags.get("preempt_at_steps").empty()) {
+    return BadValue(flags, "preempt_at_steps", "steps >= 1 separated by commas",
+                    "it is empty; leave the flag out for no pre-emption");
+  }
   ASSIGN_OR_RETURN(config.preempt_at_steps,
                    ParseSteps("preempt_at_steps", flags.get("preempt_at_steps")));
+  if (!config.preempt_at_steps.empty() && *config.preempt_at_steps.rbegin() > config.steps) {
+    return BadValue(
+        flags, "preempt_at_steps", "steps in [1, --steps " + std::to_string(config.steps) + "]",
+        "step " + std::to_string(*config.preempt_at_steps.rbegin()) + " is never reached");
+  }
   return Status::OK();
 }
 

@@ -75,6 +75,7 @@ InputPipelineOptions InputOptions(const TrainSimConfig& config) {
   options.saver.force_posix_io = config.saver.force_posix_io;
   options.saver.on_error = config.saver.on_error;
   options.saver.clock = config.saver.clock;
+  options.saver.allow_fresh_start = config.saver.allow_fresh_start;
   if (config.model.shard) {
     // TensorFlow's per-worker suffix: each rank saves and restores its own input position.
     options.num_workers = config.model.world_size;

@@ -63,6 +63,8 @@ std::string Describe(const std::string& basename, const std::set<int64_t>& steps
 struct Found {
   std::set<int64_t> model;
   std::set<int64_t> input;
+  // Quarantined (damaged) checkpoints of either basename: "<name>.corrupt-<hex>".
+  std::vector<std::string> quarantined;
 
   bool empty() const { return model.empty() && input.empty(); }
   // Anything a fresh start would train over: a checkpoint of a step past the initial one. At a
@@ -171,6 +173,22 @@ class CheckpointSessionCreator::Impl {
   // it (`job_start`: the first session of this creator).
   Status StartFresh(bool job_start) {
     ASSIGN_OR_RETURN(Found found, Survey());
+    if (!found.quarantined.empty()) {
+      std::string names;
+      for (const std::string& name : found.quarantined) {
+        names += (names.empty() ? "" : ", ") + JoinCheckpointPath(options_.checkpoint_dir, name);
+      }
+      const std::string what = options_.checkpoint_dir + " has no checkpoint to resume but " +
+                               "holds damaged ones, quarantined: " + names;
+      if (!options_.allow_fresh_start) {
+        return Status::FailedPrecondition(
+            what +
+            ". Inspect them (asyncckpt verify), restore a good copy, or delete them or "
+            "allow a fresh start (allow_fresh_start); see docs/durability.md");
+      }
+      LogLine("starting from step 0 as allowed (allow_fresh_start): " + what);
+      return Status::OK();
+    }
     if (found.past_step_zero(/*count_input=*/!job_start)) {
       const std::string what =
           options_.checkpoint_dir + " holds " + DescribeFound(found) + " but " + WhatIsMissing();
@@ -220,6 +238,10 @@ class CheckpointSessionCreator::Impl {
                    state->all_model_checkpoint_paths.end());
     }
     for (const std::string& name : names) {
+      if (IsQuarantinedCheckpoint(name, options_.model_basename) ||
+          (paired() && IsQuarantinedCheckpoint(name, options_.input_basename))) {
+        found.quarantined.push_back(name);
+      }
       if (auto step = StepOf(name, options_.model_basename)) found.model.insert(*step);
       if (paired()) {
         if (auto step = StepOf(name, options_.input_basename)) found.input.insert(*step);

@@ -24,6 +24,7 @@
 
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/state.h"
+#include "src/codec/bounded_verify.h"
 #include "src/codec/codec.h"
 #include "src/format/format.h"
 #include "src/format/index_file.h"
@@ -327,7 +328,10 @@ class CheckpointReaderImpl final : public CheckpointReader {
   Status Load() {
     io::EntryType type = io::EntryType::kNone;
     RETURN_IF_ERROR(ToStatus(fs_->entry_type(path_, &type, io::Symlinks::kFollow)));
-    if (type == io::EntryType::kNone) return Status::NotFound("no checkpoint at " + path_);
+    if (type == io::EntryType::kNone) {
+      // An empty path is shown as '' so that the message never ends in nothing.
+      return Status::NotFound("no checkpoint at " + (path_.empty() ? std::string("''") : path_));
+    }
     if (type != io::EntryType::kDirectory) {
       return Status::NotFound(path_ + " is not a checkpoint directory");
     }
@@ -504,6 +508,13 @@ class CheckpointReaderImpl final : public CheckpointReader {
     const TensorEntry& tensor = index_.tensors[p.tensor];
     const ChunkEntry& c = tensor.chunks[p.chunk];
     try {
+      if (p.destination == nullptr && scatter == nullptr && c.codec != codec::Codec::kRaw &&
+          c.raw_bytes > codec::kStreamingVerifyBytes) {
+        // verify(): nothing needs the bytes, so a large chunk (a bomb, perhaps) is checked
+        // through small windows instead of decoded whole.
+        return codec::VerifyStreaming(c.codec, stored, DTypeSize(tensor.dtype), c.raw_bytes,
+                                      c.xxh3);
+      }
       ThreadScratch& scratch = scratch_.local();
       uint8_t* out = p.destination;
       if (out == nullptr) {

@@ -4,14 +4,17 @@
 #include "asyncckpt/checkpointer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <mutex>
 
+#include "asyncckpt/state.h"
 #include "src/engine/engine.h"
 #include "src/format/format.h"
 #include "src/format/writer.h"
 #include "src/saver/saver_core.h"
+#include "src/state/committed_steps.h"
 #include "src/util/status_macros.h"
 
 namespace asyncckpt {
@@ -65,7 +68,26 @@ class Checkpointer::Impl {
   // The saves in flight are waited for while the registry the engine borrows still lives.
   ~Impl() { core_.reset(); }
 
-  Status Start() { return core_->StartStorage(); }
+  Status Start() {
+    RETURN_IF_ERROR(core_->StartStorage());
+    started_ = true;
+    return Status::OK();
+  }
+
+  // A deferred start happens at the first save.
+  Status StartIfDeferred() { return started_ ? Status::OK() : Start(); }
+
+  // The file system reads go through before the start opened the saver's own.
+  io::FileSystem* ReadFs() const { return started_ ? core_->fs() : core_->options().file_system; }
+
+  Result<std::vector<std::string>> Damaged() const {
+    std::unique_ptr<io::FileSystem> posix;
+    io::FileSystem* fs = ReadFs();
+    if (fs == nullptr) fs = (posix = io::NewPosixFileSystem()).get();
+    return FindDamagedCheckpoints(
+        *fs, core_->options().checkpoint_dir, core_->options().basename,
+        [fs](const std::string& path) { return ValidateCheckpointDirectory(*fs, path); });
+  }
 
   bool Due(int64_t step) const { return core_->schedule().due(step); }
 
@@ -90,6 +112,7 @@ class Checkpointer::Impl {
     // Blocked time counts from here: planning and a new engine are the caller's wait too.
     const auto started = SteadyClock::now();
     if (closed_) return Status::FailedPrecondition("the checkpointer is closed");
+    RETURN_IF_ERROR(StartIfDeferred());
     RETURN_IF_ERROR(core_->Deliver(nullptr));
     RETURN_IF_ERROR(CheckStep(step));
     const SaverOptions& options = core_->options();
@@ -127,6 +150,12 @@ class Checkpointer::Impl {
   SaverTotals Totals() const { return core_->totals(); }
 
   std::vector<int64_t> AllSteps() const {
+    if (!started_) {
+      const SaverOptions& options = core_->options();
+      Result<std::vector<int64_t>> committed = CommittedCheckpointSteps(
+          options.checkpoint_dir, options.basename, kCheckpointStateFileName, ReadFs());
+      return committed.ok() ? *committed : std::vector<int64_t>();
+    }
     std::vector<int64_t> steps;
     const std::string prefix = core_->options().basename + "-";
     for (const std::string& name : core_->manager()->retained()) {
@@ -154,10 +183,12 @@ class Checkpointer::Impl {
       step = steps.back();
     }
     const std::string name = format::CheckpointDirName(core_->options().basename, *step);
+    ReaderOptions reader_options;
+    reader_options.file_system = ReadFs();
+    // Before a deferred start nothing of this checkpointer deletes: no pin is needed.
+    if (!started_) return CheckpointReader::Open(CheckpointPath(*step), reader_options);
     // Pinned before the open, so that retention cannot delete it between the two.
     core_->manager()->Pin(name);
-    ReaderOptions reader_options;
-    reader_options.file_system = core_->fs();
     auto reader = CheckpointReader::Open(CheckpointPath(*step), reader_options);
     if (!reader.ok()) {
       core_->manager()->Unpin(name);
@@ -191,9 +222,11 @@ class Checkpointer::Impl {
   const Device* staging_device_ = nullptr;
   uint64_t reserve_bytes_ = 0;  // staging asked for by prepare(), kept by later engines
   bool closed_ = false;
+  std::atomic<bool> started_{false};  // read by the read-only calls of any thread
 };
 
-Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(SaverOptions options, SaveMode mode) {
+Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(SaverOptions options, SaveMode mode,
+                                                           CheckpointerStart start) {
   if (options.coordinator != nullptr && options.coordinator->size() > 1) {
     // Its registry changes from save to save, so the ranks could not agree on it once.
     return Status::InvalidArgument(
@@ -206,7 +239,7 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(SaverOptions options,
   setup.save_noun = "a save";
   ASSIGN_OR_RETURN(auto core, SaverCore::Create(std::move(options), std::move(setup)));
   auto impl = std::make_unique<Impl>(std::move(core), mode);
-  RETURN_IF_ERROR(impl->Start());
+  if (start == CheckpointerStart::kAtCreate) RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<Checkpointer>(new Checkpointer(std::move(impl)));
 }
 
@@ -236,6 +269,8 @@ Status Checkpointer::close() { return impl_->Close(); }
 SaverTotals Checkpointer::totals() const { return impl_->Totals(); }
 
 std::vector<int64_t> Checkpointer::all_steps() const { return impl_->AllSteps(); }
+
+Result<std::vector<std::string>> Checkpointer::damaged() const { return impl_->Damaged(); }
 
 std::optional<int64_t> Checkpointer::latest_step() const {
   std::vector<int64_t> steps = impl_->AllSteps();

@@ -24,8 +24,8 @@ Status ValidateSaverOptions(const SaverOptions& options) {
     return Status::InvalidArgument("save_steps must be positive, got " +
                                    std::to_string(*options.save_steps));
   }
-  if (options.save_secs && !(*options.save_secs > 0)) {
-    return Status::InvalidArgument("save_secs must be positive, got " +
+  if (options.save_secs && (!(*options.save_secs > 0) || std::isinf(*options.save_secs))) {
+    return Status::InvalidArgument("save_secs must be positive and finite, got " +
                                    std::to_string(*options.save_secs));
   }
   RETURN_IF_ERROR(ValidateCheckpointName(options.basename + "-0")
@@ -153,22 +153,45 @@ class ScopeExit {
 };
 
 Status LockDirectory(io::FileSystem& fs, const SaverOptions& options,
-                     std::unique_ptr<io::FileLock>* lock) {
+                     const std::string& state_file_name, std::unique_ptr<io::FileLock>* lock) {
   const std::string path =
-      JoinCheckpointPath(options.checkpoint_dir, DirectoryLockFileName(options.basename));
+      JoinCheckpointPath(options.checkpoint_dir, DirectoryLockFileName(state_file_name));
   const Status locked = ToStatus(fs.lock_file(path, lock));
   if (locked.code() == StatusCode::kFailedPrecondition) {
-    return Status::FailedPrecondition("checkpoint_dir " + options.checkpoint_dir +
-                                      " is in use by another job: " + locked.message() +
-                                      " (one writer per checkpoint_dir and basename '" +
-                                      options.basename + "')");
+    return Status::FailedPrecondition(
+        "checkpoint_dir " + options.checkpoint_dir +
+        " is in use by another job: " + locked.message() + " (one writer per state file '" +
+        state_file_name + "', whatever its basename; this saver's is '" + options.basename + "')");
   }
   return locked.WithContext("locking checkpoint_dir " + options.checkpoint_dir);
 }
 
+// FailedPrecondition when start-up left quarantined checkpoints and nothing good to resume.
+Status RefuseSilentFreshStart(const SaverOptions& options, const StartupReport& report,
+                              const CheckpointManager& manager) {
+  if (report.quarantined.empty() || !manager.retained().empty()) return Status::OK();
+  std::string names;
+  for (const std::string& name : report.quarantined) {
+    names += (names.empty() ? "" : ", ") + JoinCheckpointPath(options.checkpoint_dir, name);
+  }
+  const std::string what = "checkpoint_dir " + options.checkpoint_dir + " holds no good " +
+                           options.basename +
+                           " checkpoint, only damaged ones, quarantined: " + names;
+  if (options.allow_fresh_start) {
+    LogLine("starting from step 0 as allowed (allow_fresh_start): " + what);
+    return Status::OK();
+  }
+  return Status::FailedPrecondition(
+      what +
+      ". Inspect them (asyncckpt verify), restore a good copy, or delete them or allow a fresh "
+      "start (allow_fresh_start) to train from step 0; see docs/durability.md");
+}
+
 }  // namespace
 
-std::string DirectoryLockFileName(const std::string& basename) { return basename + ".lock"; }
+std::string DirectoryLockFileName(const std::string& state_file_name) {
+  return state_file_name + ".lock";
+}
 
 void SaverStorage::OpenFileSystem(const SaverOptions& options) {
   if (fs != nullptr) return;
@@ -211,7 +234,7 @@ Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options
       ToStatus(fs->create_dirs(options.checkpoint_dir)).WithContext("creating checkpoint_dir"));
   // Locked before anything in the directory is looked at or removed: another job's temporaries
   // are its saves in progress, not debris.
-  if (lock == nullptr) RETURN_IF_ERROR(LockDirectory(*fs, options, &lock));
+  if (lock == nullptr) RETURN_IF_ERROR(LockDirectory(*fs, options, state_file_name, &lock));
   // A start that fails below leaves the directory to whoever comes next.
   bool started = false;
   const ScopeExit unlock_unless_started([&] {
@@ -219,6 +242,7 @@ Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options
   });
   MakeManager(options, state_file_name, partner);
   ASSIGN_OR_RETURN(StartupReport report, manager->Start());
+  RETURN_IF_ERROR(RefuseSilentFreshStart(options, report, *manager));
   started = true;
   return std::move(report.removed);
 }

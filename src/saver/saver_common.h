@@ -51,9 +51,10 @@ class SaveSchedule {
   std::optional<int64_t> last_saved_step_;
 };
 
-/// "<basename>.lock": the file in checkpoint_dir whose lock makes a saver the one writer of
-/// `basename` there. Never of a checkpoint's form ("<basename>-<step>") nor a temporary's.
-std::string DirectoryLockFileName(const std::string& basename);
+/// "<state_file_name>.lock": the file in checkpoint_dir whose lock makes a saver the one writer
+/// of that state file (and so of every basename it lists). Never of a checkpoint's form
+/// ("<basename>-<step>") nor a temporary's.
+std::string DirectoryLockFileName(const std::string& state_file_name);
 
 /// The file system, directory lock and retention manager of a saver, ready after Start().
 struct SaverStorage {
@@ -63,20 +64,21 @@ struct SaverStorage {
   std::unique_ptr<io::FileSystem> owned_fs;
   /// State file and retention.
   std::unique_ptr<CheckpointManager> manager;
-  /// The lock on DirectoryLockFileName(basename), held from Start() until ReleaseLock() or
+  /// The lock on DirectoryLockFileName(state file), held from Start() until ReleaseLock() or
   /// destruction; declared last so that it goes first, before the file system it came from.
   std::unique_ptr<io::FileLock> lock;
 
-  /// Creates checkpoint_dir and locks it for options.basename before touching anything else
-  /// there: while another saver (of any process, this one included) holds that lock, fails
-  /// with FailedPrecondition naming the lock file and its holder's PID and host, and leaves
-  /// the directory as it was. Then creates a manager validating with
-  /// ValidateCheckpointDirectory and runs its start-up recovery and garbage collection
-  /// (CheckpointManager::Start) on the state file named `state_file_name`. Pairs retention
-  /// with `partner`, or, when that is empty, with options.paired_input_basename's input
-  /// checkpoints. Returns the names removed (each logged); what start-up could not do is
-  /// logged, not returned. On failure the lock is released again. A second Start() keeps the
-  /// lock it holds.
+  /// Creates checkpoint_dir and locks its state file `state_file_name` before touching
+  /// anything else there: while another saver (of any process and basename, this one
+  /// included) holds that lock, fails with FailedPrecondition naming the lock file and its
+  /// holder's PID and host, and leaves the directory as it was. Then creates a manager
+  /// validating with ValidateCheckpointDirectory and runs its start-up recovery and garbage
+  /// collection (CheckpointManager::Start). Pairs retention with `partner`, or, when that is
+  /// empty, with options.paired_input_basename's input checkpoints. FailedPrecondition naming
+  /// them when quarantined checkpoints of options.basename are on disk and no good one is
+  /// listed, unless options.allow_fresh_start. Returns the names removed (each logged); what
+  /// start-up could not do is logged, not returned. On failure the lock is released again. A
+  /// second Start() keeps the lock it holds.
   Result<std::vector<std::string>> Start(
       const SaverOptions& options, const std::string& state_file_name = kCheckpointStateFileName,
       const CheckpointPartner& partner = {});

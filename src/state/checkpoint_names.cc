@@ -60,6 +60,7 @@ std::string NameProblem(std::string_view name) {
 
 using state_internal::AllOf;
 using state_internal::IsDecimalDigit;
+using state_internal::kCorruptInfix;
 using state_internal::kDeletingInfix;
 using state_internal::kTmpInfix;
 using state_internal::NameProblem;
@@ -78,6 +79,18 @@ std::string JoinCheckpointPath(const std::string& dir, const std::string& name) 
 
 std::string TempDirName(const std::string& final_name) {
   return final_name + std::string(kTmpInfix) + RandomHex16();
+}
+
+std::string QuarantineDirName(const std::string& name) {
+  return name + std::string(kCorruptInfix) + RandomHex16();
+}
+
+bool IsQuarantinedCheckpoint(std::string_view name, std::string_view basename) {
+  const size_t at = name.rfind(kCorruptInfix);
+  if (at == std::string_view::npos) return false;
+  const std::string_view checkpoint = name.substr(0, at);
+  return CheckpointStep(checkpoint, basename).has_value() &&
+         state_internal::IsMarkedOf(name, checkpoint, kCorruptInfix);
 }
 
 std::string DeletingDirName(const std::string& name) {

@@ -1,8 +1,8 @@
 #pragma once
 
 // Names and paths of the entries of a checkpoint directory: which names are allowed, the step in
-// "<basename>-<step>", and the ".tmp-" and ".deleting-" names a save or a deletion passes
-// through.
+// "<basename>-<step>", the ".tmp-" and ".deleting-" names a save or a deletion passes
+// through, and the ".corrupt-" name of a quarantined checkpoint.
 //
 // Names are data, never paths: a checkpoint name ("model.ckpt-1000") is a single entry of the
 // checkpoint directory. A name that is empty, contains '/', contains "..", or holds a byte that
@@ -32,6 +32,13 @@ std::string TempDirName(const std::string& final_name);
 /// committed namespace, before its files are removed.
 std::string DeletingDirName(const std::string& name);
 
+/// "<name>.corrupt-<16 random hex digits>": where start-up moves a committed checkpoint that
+/// failed validation. Kept until a person deletes it; nothing in the library removes it.
+std::string QuarantineDirName(const std::string& name);
+
+/// True when `name` is "<basename>-<step>.corrupt-<hex>": a quarantined checkpoint of `basename`.
+bool IsQuarantinedCheckpoint(std::string_view name, std::string_view basename);
+
 /// The step of `name` when it is exactly "<basename>-<step>" as format::CheckpointDirName
 /// writes it (decimal digits, no sign, no leading zero, fits int64); nullopt otherwise.
 std::optional<int64_t> CheckpointStep(std::string_view name, std::string_view basename);
@@ -43,6 +50,8 @@ namespace state_internal {
 inline constexpr std::string_view kTmpInfix = ".tmp-";
 /// The infix of a directory on its way out: "<name>.deleting-<hex>".
 inline constexpr std::string_view kDeletingInfix = ".deleting-";
+/// The infix of a quarantined checkpoint: "<name>.corrupt-<hex>".
+inline constexpr std::string_view kCorruptInfix = ".corrupt-";
 
 /// True for '0' to '9'.
 bool IsDecimalDigit(char c);

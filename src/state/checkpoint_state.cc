@@ -172,11 +172,19 @@ void CheckpointManager::Unpin(const std::string& name) {
 
 CheckpointState CheckpointManager::StateLocked() const {
   CheckpointState state;
+  for (const Entry& entry : foreign_) {
+    state.all_model_checkpoint_paths.push_back(entry.name);
+    state.all_model_checkpoint_timestamps.push_back(entry.timestamp);
+  }
   for (const Entry& entry : entries_) {
     state.all_model_checkpoint_paths.push_back(entry.name);
     state.all_model_checkpoint_timestamps.push_back(entry.timestamp);
   }
-  if (!entries_.empty()) state.model_checkpoint_path = entries_.back().name;
+  if (!entries_.empty()) {
+    state.model_checkpoint_path = entries_.back().name;
+  } else if (!foreign_.empty()) {
+    state.model_checkpoint_path = foreign_.back().name;
+  }
   state.last_preserved_timestamp = last_preserved_timestamp_;
   return state;
 }

@@ -58,18 +58,22 @@ struct CheckpointManagerOptions {
 
 /// What CheckpointManager::Start found and did. Every item was also logged.
 struct StartupReport {
-  /// Entries removed: temporaries, ".deleting-" leftovers, and "<basename>-<step>" directories
-  /// that were incomplete or older than the retained window. Sorted.
+  /// Entries removed: temporaries, ".deleting-" leftovers, and complete "<basename>-<step>"
+  /// directories older than the retained window. Sorted.
   std::vector<std::string> removed;
   /// Complete but unlisted checkpoints listed again (e.g. a commit whose state-file update
   /// failed). In step order.
   std::vector<std::string> relisted;
-  /// Names the state file listed that are no longer listed: missing, incomplete, not a
-  /// directory, or not of the form "<basename>-<step>" (those are never touched on disk).
+  /// Names of this basename the state file listed that are no longer listed: missing, damaged
+  /// (then quarantined), or not a directory (never touched on disk). Entries of other basenames
+  /// are kept in the state file as they were.
   std::vector<std::string> dropped;
   /// Complete unlisted checkpoints older than the window, left on disk because
   /// keep_checkpoint_every_n_hours may have preserved them.
   std::vector<std::string> kept_unlisted;
+  /// Quarantined checkpoints of this basename now in checkpoint_dir, by this start or an
+  /// earlier one: "<basename>-<step>.corrupt-<hex>" directories. Sorted.
+  std::vector<std::string> quarantined;
   /// Empty when the state file was usable; else why the list was rebuilt from the directory.
   std::string rebuilt_because;
   /// What could not be done (a removal, the state file's rewrite); retried at the next start.
@@ -134,16 +138,21 @@ class CheckpointManager {
   ///     directory and every "<state_file_name>.tmp-<hex>" file (half-written saves, old copies,
   ///     interrupted deletions);
   ///  2. loads the state file (TensorFlow Saver's recover_last_checkpoints), keeping its
-  ///     last_preserved_timestamp, and drops each listed name that is not a "<basename>-<step>"
-  ///     directory or whose checkpoint is incomplete (the validator says so);
-  ///  3. for each unlisted "<basename>-<step>" directory: incomplete -> removed; complete and in
+  ///     last_preserved_timestamp and the entries of other basenames (a state file may be
+  ///     shared: they are written back untouched), and drops each "<basename>-<step>" name that
+  ///     is not a directory or whose checkpoint is damaged (the validator says NotFound or
+  ///     Corruption, or its metadata names another step);
+  ///  3. for each unlisted "<basename>-<step>" directory: damaged -> quarantined (renamed to
+  ///     QuarantineDirName, the directory synced, logged as an error; never removed by the
+  ///     library); complete and in
   ///     the retained window (newer than the oldest listed checkpoint, or while fewer than
   ///     max_to_keep are listed, newest first, or protected by the partner) -> listed again,
   ///     with the timestamp of its metadata; complete and older -> removed, or left on disk when
   ///     keep_checkpoint_every_n_hours > 0 (preserved checkpoints are kept unlisted, as
   ///     TensorFlow does);
-  ///  4. rewrites the state file when the list changed, then removes what step 2 dropped as
-  ///     incomplete (not when the rewrite failed: the old state file still names it).
+  ///  4. rewrites the state file when the list changed, then quarantines what step 2 dropped
+  ///     as damaged (a rename loses nothing, so also when the rewrite failed). Relisting is
+  ///     logged. "<basename>-<step>.corrupt-<hex>" directories are reported, never touched.
   /// A missing, empty or unparsable state file therefore yields the newest complete
   /// checkpoints on disk, logged loudly; a fresh directory yields an empty list, silently.
   /// Failures to remove or rewrite are logged and reported, not returned. An error only when
@@ -204,6 +213,7 @@ class CheckpointManager {
 
   mutable std::mutex mu_;
   std::vector<Entry> entries_;  // oldest first
+  std::vector<Entry> foreign_;  // other basenames' entries of a shared state file, kept as read
   double last_preserved_timestamp_ = 0;
   double next_preserve_time_ = 0;
   std::map<std::string, int> pins_;

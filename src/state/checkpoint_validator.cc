@@ -42,6 +42,16 @@ Verdict Classify(const Status& status) {
   return Verdict::kUnknown;
 }
 
+Result<ValidCheckpoint> ValidateNamed(const CheckpointValidator& validator, const std::string& path,
+                                      int64_t step) {
+  Result<ValidCheckpoint> valid = validator(path);
+  if (valid.ok() && valid->step && *valid->step != step) {
+    return Status::Corruption(path + " holds the state of step " + std::to_string(*valid->step) +
+                              ", not of step " + std::to_string(step) + " as its name says");
+  }
+  return valid;
+}
+
 }  // namespace state_internal
 
 namespace {
@@ -81,6 +91,32 @@ Result<std::string> StateFileProblem(io::FileSystem& fs, const std::string& dir,
 }
 
 }  // namespace
+
+Result<std::vector<std::string>> FindDamagedCheckpoints(io::FileSystem& fs, const std::string& dir,
+                                                        const std::string& basename,
+                                                        const CheckpointValidator& validator) {
+  std::vector<std::string> names;
+  std::vector<std::string> damaged;
+  const io::IoStatus listed = fs.list_dir(dir, &names);
+  if (listed.error_number() == ENOENT) return damaged;
+  RETURN_IF_ERROR(ToStatus(listed));
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    const std::string path = JoinCheckpointPath(dir, name);
+    if (IsQuarantinedCheckpoint(name, basename)) {
+      damaged.push_back(path + ": quarantined as damaged by an earlier start");
+      continue;
+    }
+    const std::optional<int64_t> step = CheckpointStep(name, basename);
+    io::EntryType type = io::EntryType::kNone;
+    if (!step || !fs.entry_type(path, &type).ok() || type != io::EntryType::kDirectory) continue;
+    const Result<ValidCheckpoint> valid = state_internal::ValidateNamed(validator, path, *step);
+    if (Classify(valid.status()) == Verdict::kIncomplete) {
+      damaged.push_back(path + ": " + valid.status().message());
+    }
+  }
+  return damaged;
+}
 
 Result<std::vector<int64_t>> ListCommittedSteps(io::FileSystem& fs, const std::string& dir,
                                                 const std::string& basename,

@@ -20,7 +20,7 @@ Result<ValidCheckpoint> ValidateCheckpointDirectory(io::FileSystem& fs,
   try {
     ASSIGN_OR_RETURN(const format::Index index,
                      format::LoadIndexCheckingDataFiles(fs, checkpoint_path));
-    return ValidCheckpoint{index.metadata.wall_time};
+    return ValidCheckpoint{.wall_time = index.metadata.wall_time, .step = index.metadata.step};
   } catch (const std::bad_alloc&) {
     return Status::ResourceExhausted("out of memory validating checkpoint " + checkpoint_path);
   } catch (const std::exception& e) {

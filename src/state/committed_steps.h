@@ -12,9 +12,9 @@
 
 namespace asyncckpt {
 
-/// The savers' CheckpointValidator: OK (with the metadata's wall time) when `checkpoint_path`
-/// holds a regular "index" file of at most format::kMaxIndexBytes that decodes, and every chunk
-/// it names lies inside its data files (their sizes, not their bytes, are checked).
+/// The savers' CheckpointValidator: OK (with the metadata's wall time and step) when
+/// `checkpoint_path` holds a regular "index" file of at most format::kMaxIndexBytes that decodes,
+/// and every chunk it names lies inside its data files (their sizes, not their bytes, are checked).
 /// NotFound or Corruption when it does not; FailedPrecondition for an intact index of another
 /// format version; IOError when a file cannot be read; ResourceExhausted when the index cannot
 /// be held in memory. Never opens anything but the index, never follows a symlinked index.

@@ -1,4 +1,5 @@
-// CommitDirectory and RemoveDirectoryDurably (see durable_directory.h for the contract).
+// CommitDirectory, RemoveDirectoryDurably and QuarantineDirectory (see durable_directory.h for
+// the contract).
 
 #include "src/state/durable_directory.h"
 
@@ -47,6 +48,16 @@ Status RemoveDirectoryDurably(io::FileSystem& fs, const std::string& parent,
   // Until the rename is durable a crash may bring `name` back, so its files must stay whole.
   RETURN_IF_ERROR(ToStatus(fs.sync_dir(parent.empty() ? "." : parent)));
   return ToStatus(fs.remove_tree(doomed));
+}
+
+Result<std::string> QuarantineDirectory(io::FileSystem& fs, const std::string& parent,
+                                        const std::string& name) {
+  RETURN_IF_ERROR(ValidateCheckpointName(name));
+  const std::string quarantined = QuarantineDirName(name);
+  RETURN_IF_ERROR(ToStatus(
+      fs.rename(JoinCheckpointPath(parent, name), JoinCheckpointPath(parent, quarantined))));
+  RETURN_IF_ERROR(ToStatus(fs.sync_dir(parent.empty() ? "." : parent)));
+  return quarantined;
 }
 
 Status CommitDirectory(io::FileSystem& fs, const std::string& parent, const std::string& tmp_name,

@@ -2,7 +2,8 @@
 
 // The two directory operations that a crash never leaves half done: committing a fully written
 // checkpoint directory under its final name (CommitDirectory, with its crash-consistency
-// contract), and deleting one (RemoveDirectoryDurably).
+// contract), deleting one (RemoveDirectoryDurably), and quarantining a damaged one
+// (QuarantineDirectory).
 
 #include <string>
 
@@ -19,6 +20,12 @@ namespace asyncckpt {
 /// whole; a failure of the removal leaves the ".deleting-" name. Returns the first failure.
 Status RemoveDirectoryDurably(io::FileSystem& fs, const std::string& parent,
                               const std::string& name);
+
+/// Moves the damaged checkpoint `parent`/`name` out of the committed namespace, keeping every
+/// byte: renames it to QuarantineDirName(name) (atomic) and syncs `parent`. Returns the new
+/// name; on failure `name` is left as it was.
+Result<std::string> QuarantineDirectory(io::FileSystem& fs, const std::string& parent,
+                                        const std::string& name);
 
 /// Makes `parent`/`tmp_name` (a fully written and synced checkpoint directory) visible as
 /// `parent`/`final_name`, durably.

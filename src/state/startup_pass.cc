@@ -23,10 +23,32 @@ Status StartupPass::Run() {
                       .WithContext("listing checkpoint_dir at start-up"));
   std::sort(names.begin(), names.end());
   RemoveLeftovers(names);
+  for (const std::string& name : names) {
+    if (IsQuarantinedCheckpoint(name, options_.basename)) report_.quarantined.push_back(name);
+  }
   RETURN_IF_ERROR(LoadStateFile());
   CollectUnlisted(names);
   RelistOrRemoveUnlisted();
   return Status::OK();
+}
+
+void StartupPass::Quarantine(const std::string& name, const std::string& why) {
+  const Result<std::string> moved = QuarantineDirectory(fs_, options_.checkpoint_dir, name);
+  if (!moved.ok()) {
+    Fail("ERROR: " + Path(name) + " is damaged (" + why +
+         ") and start-up could not quarantine it: " + moved.status().ToString());
+    return;
+  }
+  LogLine("ERROR: checkpoint " + Path(name) + " is damaged (" + why + "); quarantined it as " +
+          Path(*moved) +
+          ", kept for inspection and never removed automatically (see docs/durability.md)");
+  report_.quarantined.push_back(*moved);
+}
+
+void StartupPass::QuarantineListed() {
+  for (const auto& [name, why] : listed_damaged_) Quarantine(name, why);
+  listed_damaged_.clear();
+  std::sort(report_.quarantined.begin(), report_.quarantined.end());
 }
 
 void StartupPass::Fail(const std::string& what) {
@@ -34,8 +56,9 @@ void StartupPass::Fail(const std::string& what) {
   report_.failures.push_back(what);
 }
 
-Result<ValidCheckpoint> StartupPass::Validate(const std::string& name) const {
-  return validator_ ? validator_(Path(name)) : IndexFileExists(fs_, Path(name));
+Result<ValidCheckpoint> StartupPass::Validate(const std::string& name, int64_t step) const {
+  if (validator_) return ValidateNamed(validator_, Path(name), step);
+  return IndexFileExists(fs_, Path(name));
 }
 
 bool StartupPass::IsLeftover(const std::string& name, bool* is_directory_kind) const {
@@ -121,6 +144,13 @@ void StartupPass::LoadListed(const std::string& name, double timestamp) {
   listed_names_.insert(name);
   const std::optional<int64_t> step = CheckpointStep(name, options_.basename);
   if (!step) {
+    const size_t dash = name.rfind('-');
+    if (dash != std::string::npos && dash > 0 &&
+        CheckpointStep(name, std::string_view(name).substr(0, dash))) {
+      // Another saver's checkpoint in a state file it shares with this one: kept as it is.
+      foreign_.push_back({name, 0, timestamp});
+      return;
+    }
     return Drop(name, "is not a checkpoint of this saver (" + options_.basename +
                           "-<step>); it is left untouched");
   }
@@ -137,14 +167,14 @@ void StartupPass::LoadListed(const std::string& name, double timestamp) {
     return Drop(name, "is " + DescribeEntryType(type) +
                           ", not a checkpoint directory; it is left untouched");
   }
-  const Result<ValidCheckpoint> valid = Validate(name);
+  const Result<ValidCheckpoint> valid = Validate(name, *step);
   switch (Classify(valid.status())) {
     case Verdict::kComplete:
       list_.push_back({name, *step, timestamp});
       return;
     case Verdict::kIncomplete:
-      listed_incomplete_.push_back(name);
-      return Drop(name, "is incomplete (" + valid.status().message() + ")");
+      listed_damaged_.emplace_back(name, valid.status().message());
+      return Drop(name, "is damaged (" + valid.status().message() + "); it is quarantined");
     case Verdict::kUnknown:
       Fail("start-up cannot tell whether " + Path(name) +
            " is complete; it stays listed: " + valid.status().ToString());
@@ -170,13 +200,13 @@ void StartupPass::CollectUnlisted(const std::vector<std::string>& names) {
       }
       continue;
     }
-    const Result<ValidCheckpoint> valid = Validate(name);
+    const Result<ValidCheckpoint> valid = Validate(name, *step);
     switch (Classify(valid.status())) {
       case Verdict::kComplete:
         unlisted_complete_.push_back({name, *step, valid->wall_time});
         break;
       case Verdict::kIncomplete:
-        Remove(name, "an incomplete checkpoint (" + valid.status().message() + ")");
+        Quarantine(name, valid.status().message());
         break;
       case Verdict::kUnknown:
         Fail("start-up cannot tell whether " + Path(name) +
@@ -236,6 +266,8 @@ void StartupPass::RelistOrRemoveUnlisted() {
   }
   std::reverse(relist.begin(), relist.end());  // oldest first
   for (Listed& entry : relist) {
+    LogLine("start-up listed " + Path(entry.name) + " again in " + Path(options_.state_file_name) +
+            ": it is complete but was not listed");
     report_.relisted.push_back(entry.name);
     const auto at = std::find_if(list_.begin(), list_.end(),
                                  [&](const Listed& listed) { return listed.step > entry.step; });
@@ -275,6 +307,8 @@ Result<StartupReport> CheckpointManager::Start() {
   RETURN_IF_ERROR(pass.Run());
   entries_.clear();
   for (const Listed& entry : pass.list()) entries_.push_back({entry.name, entry.timestamp});
+  foreign_.clear();
+  for (const Listed& entry : pass.foreign()) foreign_.push_back({entry.name, entry.timestamp});
   last_preserved_timestamp_ = pass.last_preserved_timestamp();
   if (!pass.state_problem().empty() && !entries_.empty()) {
     report.rebuilt_because = pass.state_problem();
@@ -293,21 +327,11 @@ Result<StartupReport> CheckpointManager::Start() {
           "start-up could not rewrite the state file (the next save does): " + written.ToString();
       LogLine(what);
       report.failures.push_back(what);
-      return report;  // the old state file may still name what is incomplete: keep it
     }
   }
-  for (const std::string& name : pass.listed_incomplete()) {
-    const Status removed = RemoveDirectoryDurably(*fs_, dir_, name);
-    if (removed.ok()) {
-      LogLine("removed " + JoinCheckpointPath(dir_, name) + ", an incomplete checkpoint");
-      report.removed.push_back(name);
-    } else {
-      const std::string what =
-          "start-up could not remove " + JoinCheckpointPath(dir_, name) + ": " + removed.ToString();
-      LogLine(what);
-      report.failures.push_back(what);
-    }
-  }
+  // After the rewrite, so that the state file names them for as short a time as possible; even
+  // when it failed, since a rename loses nothing and a reader validates what it is named.
+  pass.QuarantineListed();
   std::sort(report.removed.begin(), report.removed.end());
   return report;
 }

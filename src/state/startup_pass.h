@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "asyncckpt/file_system.h"
@@ -23,8 +24,9 @@ struct Listed {
 };
 
 // CheckpointManager::Start's work, step by step (see its contract). It removes leftovers and
-// unlisted debris as it goes; the listed checkpoints that turn out incomplete are only
-// collected, because the state file on disk still names them until the caller rewrites it.
+// quarantines unlisted damaged checkpoints as it goes; the listed ones that turn out damaged are
+// only collected, because the state file on disk still names them until the caller rewrites it,
+// and then quarantined by QuarantineListed.
 class StartupPass {
  public:
   StartupPass(io::FileSystem& fs, const CheckpointManagerOptions& options,
@@ -42,8 +44,11 @@ class StartupPass {
     return !report_.dropped.empty() || !report_.relisted.empty() ||
            (!state_parsed_ && !list_.empty());
   }
-  // Listed in the old state file but incomplete: removed once the new one is written.
-  const std::vector<std::string>& listed_incomplete() const { return listed_incomplete_; }
+  // Entries of other basenames in the state file (it is shared): kept as they are.
+  const std::vector<Listed>& foreign() const { return foreign_; }
+  // Quarantines what the old state file listed but is damaged (after the rewrite), and sorts
+  // the report's quarantined names.
+  void QuarantineListed();
   // Why the state file could not be trusted, or empty.
   const std::string& state_problem() const { return state_problem_; }
   // True when there was a state file, usable or not.
@@ -56,7 +61,10 @@ class StartupPass {
 
   void Fail(const std::string& what);
 
-  Result<ValidCheckpoint> Validate(const std::string& name) const;
+  Result<ValidCheckpoint> Validate(const std::string& name, int64_t step) const;
+
+  // Renames a damaged committed checkpoint to QuarantineDirName(name), logged as an error.
+  void Quarantine(const std::string& name, const std::string& why);
 
   // A half-written save, an old copy of a re-save, an interrupted deletion, a state-file
   // temporary: never anything of value.
@@ -70,8 +78,8 @@ class StartupPass {
 
   void LoadListed(const std::string& name, double timestamp);
 
-  // Every unlisted "<basename>-<step>" real directory: complete ones are collected, incomplete
-  // ones removed, undecidable ones left alone.
+  // Every unlisted "<basename>-<step>" real directory: complete ones are collected, damaged
+  // ones quarantined, undecidable ones left alone.
   void CollectUnlisted(const std::vector<std::string>& names);
 
   void Remove(const std::string& name, const std::string& what);
@@ -93,7 +101,8 @@ class StartupPass {
   double last_preserved_ = 0;
   std::vector<Listed> list_;
   std::set<std::string> listed_names_;
-  std::vector<std::string> listed_incomplete_;
+  std::vector<std::pair<std::string, std::string>> listed_damaged_;  // name, what is wrong
+  std::vector<Listed> foreign_;
   std::vector<Listed> unlisted_complete_;
 };
 

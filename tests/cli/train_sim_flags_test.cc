@@ -124,5 +124,38 @@ TEST(TrainSimFlagsTest, LayoutPadsEachChunkToWholePages) {
   EXPECT_EQ(layout.largest_chunk(), 4096u);
 }
 
+TEST(TrainSimFlagsTest, TinyPositiveSaveSecsIsAcceptedAndOnlyNonPositiveOrInfiniteRefused) {
+  auto config = Config({"--save_secs", "1e-300"});
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_DOUBLE_EQ(*config->saver.save_secs, 1e-300);
+  for (const char* bad : {"0", "-1", "inf", "nan", "1e400"}) {
+    SCOPED_TRACE(bad);
+    config = Config({"--save_secs", bad});
+    EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument) << config.status().ToString();
+  }
+}
+
+TEST(TrainSimFlagsTest, PreemptAtStepsMustBeNonEmptyNumericAndReachable) {
+  auto config = Config({"--steps", "100", "--preempt_at_steps", "10,100"});
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  config = Config({"--steps", "100", "--preempt_at_steps", ""});
+  EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(config.status().message(), HasSubstr("--preempt_at_steps"));
+  EXPECT_THAT(config.status().message(), HasSubstr("empty"));
+  config = Config({"--steps", "100", "--preempt_at_steps", "abc"});
+  EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument);
+  config = Config({"--steps", "100", "--preempt_at_steps", "99999"});
+  EXPECT_EQ(config.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(config.status().message(), HasSubstr("99999"));
+  EXPECT_THAT(config.status().message(), HasSubstr("never reached"));
+}
+
+TEST(TrainSimFlagsTest, AllowFreshStartReachesTheSaver) {
+  auto config = Config({"--allow_fresh_start"});
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_TRUE(config->saver.allow_fresh_start);
+  EXPECT_FALSE(Config({})->saver.allow_fresh_start);
+}
+
 }  // namespace
 }  // namespace asyncckpt::cli

@@ -140,6 +140,11 @@ TEST_F(CliTest, UnknownFlagIsOneLineNamingIt) {
   }
 }
 
+TEST_F(CliTest, AnEmptyPathIsShownAsTwoQuotes) {
+  const CliResult r = Run({"inspect", ""});
+  ExpectOneLineError(r, kFailed, {"no checkpoint at ''"});
+}
+
 TEST_F(CliTest, MissingFlagValueIsOneLineNamingTheFlag) {
   ExpectOneLineError(Run({"train-sim", "--steps"}), kUsage, {"--steps"});
 }

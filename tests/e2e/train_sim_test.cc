@@ -823,5 +823,41 @@ TEST_F(TrainSimTest, DeviceCudaResumesBitExactInEveryMode) {
   }
 }
 
+TEST_F(TrainSimTest, ATruncatedOnlyCheckpointIsQuarantinedAndNeverASilentFreshStart) {
+  const std::string dir = Path("truncated");
+  RunResult first = Train(dir, 8, {"--max_to_keep", "1"});
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const std::string model = dir + "/model.ckpt-8";
+  ASSERT_TRUE(fs::is_directory(model));
+  const fs::path data = fs::path(model) / "data-00000-of-00002";
+  ASSERT_TRUE(fs::exists(data));
+  const uintmax_t truncated_size = fs::file_size(data) / 2;
+  fs::resize_file(data, truncated_size);  // a bad disk, a partial copy
+
+  auto quarantined = [&] {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("model.ckpt-8.corrupt-", 0) == 0) names.push_back(name);
+    }
+    return names;
+  };
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    SCOPED_TRACE("restart " + std::to_string(attempt));
+    RunResult refused = Train(dir, 12, {"--max_to_keep", "1"});
+    EXPECT_NE(refused.exit_code, 0) << refused.out;
+    ASSERT_EQ(quarantined().size(), 1u) << "the damaged checkpoint is kept, renamed";
+    EXPECT_NE(refused.err.find(dir + "/" + quarantined()[0]), std::string::npos) << refused.err;
+    EXPECT_EQ(refused.err.find("starting from step 0"), std::string::npos) << refused.err;
+    EXPECT_FALSE(fs::exists(model));
+    EXPECT_EQ(fs::file_size(fs::path(dir) / quarantined()[0] / "data-00000-of-00002"),
+              truncated_size);
+  }
+  RunResult fresh = Train(dir, 12, {"--max_to_keep", "1", "--allow_fresh_start"});
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.err;
+  EXPECT_EQ(fresh.metrics["start_step"], 0);
+  EXPECT_EQ(quarantined().size(), 1u) << "a fresh start leaves it for a person to delete";
+}
+
 }  // namespace
 }  // namespace asyncckpt

@@ -129,8 +129,8 @@ TEST_F(TwoJobsTest, SecondJobIsRefusedNamingTheFirstsPidAndTheFirstFinishesUntou
   // A holder empties its lock file before releasing it, so a stopped process whose files
   // still name it holds both locks for as long as it stays stopped.
   auto holds = [&](const char* lock) { return ReadFile(dir + "/" + lock).rfind(holder, 0) == 0; };
-  EXPECT_TRUE(holds("model.ckpt.lock")) << ReadFile(dir + "/model.ckpt.lock");
-  EXPECT_TRUE(holds("input.ckpt.lock")) << ReadFile(dir + "/input.ckpt.lock");
+  EXPECT_TRUE(holds("checkpoint.lock")) << ReadFile(dir + "/checkpoint.lock");
+  EXPECT_TRUE(holds("checkpoint_input.lock")) << ReadFile(dir + "/checkpoint_input.lock");
   const auto before = Snapshot(dir);
 
   const CliRun second = Run(Args(dir, kSteps, /*seed=*/2, Path("second.json")));
@@ -140,7 +140,7 @@ TEST_F(TwoJobsTest, SecondJobIsRefusedNamingTheFirstsPidAndTheFirstFinishesUntou
   EXPECT_NE(*second.exit_code, 0) << second.err;
   EXPECT_NE(
       second.err.find("checkpoint_dir " + dir + " is in use by another job: " + dir +
-                      "/model.ckpt.lock is held by pid " + std::to_string(first_pid) + " on host "),
+                      "/checkpoint.lock is held by pid " + std::to_string(first_pid) + " on host "),
       std::string::npos)
       << second.err;
   EXPECT_EQ(after, before) << "the refused job changed the directory";
@@ -154,7 +154,7 @@ TEST_F(TwoJobsTest, SecondJobIsRefusedNamingTheFirstsPidAndTheFirstFinishesUntou
   const CliRun latest = Run({"latest", dir});
   EXPECT_EQ(latest.exit_code, 0) << latest.err;
   EXPECT_EQ(latest.out, dir + "/model.ckpt-" + std::to_string(kSteps) + "\n");
-  EXPECT_EQ(ReadFile(dir + "/model.ckpt.lock"), "") << "the first job's end() released it";
+  EXPECT_EQ(ReadFile(dir + "/checkpoint.lock"), "") << "the first job's end() released it";
 
   // Model and input checkpoints are the first job's: resuming them with its seed ends where an
   // uninterrupted run of that job ends.

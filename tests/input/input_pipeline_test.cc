@@ -299,7 +299,7 @@ TEST_F(InputPipelineTest, NeverTouchesTheModelsStateFileOrCheckpoints) {
   std::set<std::string> after;
   for (const std::string& name : ListDir(dir_)) {
     if (name.rfind("input.ckpt-", 0) != 0 && name != kInputStateFileName &&
-        name != "input.ckpt.lock") {
+        name != "checkpoint_input.lock") {
       after.insert(name);
     }
   }

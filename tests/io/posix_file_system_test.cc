@@ -514,6 +514,26 @@ TEST_P(FileSystemTest, LockIsReleasedAndEmptiedByItsDestructionAndTheFileStays) 
   EXPECT_TRUE(s.ok()) << s.message();
 }
 
+TEST_P(FileSystemTest, LockIsTakenWhenNoByteCanBeWritten) {
+  // A full disk, as far as writes go: a file-size limit of 0 fails every write (EFBIG).
+  const std::string path = Path("checkpoint.lock");
+  { std::ofstream(path).flush(); }  // the lock file of an earlier run, emptied by its end()
+  struct rlimit old_limit;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  struct rlimit none = old_limit;
+  none.rlim_cur = 0;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &none), 0);
+  std::unique_ptr<FileLock> lock, second;
+  const IoStatus s = fs_->lock_file(path, &lock);
+  const IoStatus refused = fs_->lock_file(path, &second);
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  ASSERT_TRUE(s.ok()) << s.message();
+  EXPECT_EQ(refused.error_number(), EWOULDBLOCK) << "the lock is held all the same";
+  EXPECT_EQ(refused.message(), path + " is held by another process (the file does not name it)");
+}
+
 TEST_P(FileSystemTest, ClosingAnotherDescriptorOfTheLockFileKeepsTheLock) {
   // The trap of classic fcntl() locks: any close() of the file by the process drops them.
   const std::string path = Path("model.ckpt.lock");

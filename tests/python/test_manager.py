@@ -282,6 +282,7 @@ def test_a_failed_background_save_raises_at_wait_and_at_every_later_call(ckpt_di
 
 def test_a_failed_synchronous_save_raises_from_that_save(ckpt_dir):
     manager = asyncckpt.CheckpointManager(ckpt_dir, asynchronous=False)
+    manager.save(0, {"w": torch.ones(4)})  # the manager takes the directory at its first save
     break_directory(ckpt_dir)
     with pytest.raises(asyncckpt.CheckpointError, match="model.ckpt-1"):
         manager.save(1, {"w": torch.ones(4)})
@@ -291,7 +292,9 @@ def test_a_failed_synchronous_save_raises_from_that_save(ckpt_dir):
 
 
 def test_with_on_error_continue_a_failure_warns_and_saving_goes_on(ckpt_dir):
-    manager = asyncckpt.CheckpointManager(ckpt_dir, on_error="continue")
+    manager = asyncckpt.CheckpointManager(ckpt_dir, on_error="continue", max_to_keep=1)
+    manager.save(0, {"w": torch.ones(4)})  # the manager takes the directory at its first save
+    manager.wait_until_finished()
     break_directory(ckpt_dir)
     manager.save(1, {"w": torch.ones(4)})
     with pytest.warns(RuntimeWarning, match="the save of step 1 failed"):
@@ -415,3 +418,67 @@ def test_cuda_tensors_are_saved_through_the_cuda_device_and_restored_in_place(ck
     with asyncckpt.CheckpointManager(ckpt_dir) as manager:
         manager.restore(into)
     assert torch.equal(into["w"], state["w"])
+
+
+def _truncate_data(checkpoint):
+    data = checkpoint / "data-00000-of-00002"
+    with open(data, "r+b") as f:
+        f.truncate(os.path.getsize(data) // 2)
+
+
+def test_a_damaged_only_checkpoint_is_kept_and_never_a_silent_fresh_start(ckpt_dir):
+    with asyncckpt.CheckpointManager(ckpt_dir, max_to_keep=1) as manager:
+        manager.save(10, {"w": torch.arange(100000, dtype=torch.float32)})
+    _truncate_data(ckpt_dir / "model.ckpt-10")
+    before = sorted(os.listdir(ckpt_dir))
+    manager = asyncckpt.CheckpointManager(ckpt_dir, max_to_keep=1)
+    assert sorted(os.listdir(ckpt_dir)) == before, "constructing a manager changed the directory"
+    with pytest.raises(asyncckpt.CheckpointError, match="model.ckpt-10"):
+        manager.restore({"w": torch.zeros(100000)})
+    # The first save quarantines it, and refuses to go on from step 0.
+    with pytest.raises(asyncckpt.CheckpointError, match=r"model\.ckpt-10\.corrupt-"):
+        manager.save(11, {"w": torch.zeros(4)})
+    manager.close()
+    quarantined = [p for p in os.listdir(ckpt_dir) if p.startswith("model.ckpt-10.corrupt-")]
+    assert len(quarantined) == 1 and not (ckpt_dir / "model.ckpt-10").exists()
+    with pytest.raises(asyncckpt.CheckpointError, match="quarantined"):
+        asyncckpt.CheckpointManager(ckpt_dir).restore({})
+    with asyncckpt.CheckpointManager(ckpt_dir, allow_fresh_start=True) as fresh:
+        assert fresh.restore({}) is None
+        fresh.save(0, {"w": torch.zeros(4)})
+    assert (ckpt_dir / quarantined[0]).is_dir(), "a fresh start leaves it for a person"
+
+
+def test_another_basename_beside_a_running_saver_is_refused_and_drops_nothing(ckpt_dir):
+    with asyncckpt.CheckpointManager(ckpt_dir) as model:
+        model.save(1, {"w": torch.zeros(4)})
+        model.wait_until_finished()
+        other = asyncckpt.CheckpointManager(ckpt_dir, basename="other.ckpt")
+        with pytest.raises(asyncckpt.CheckpointError, match="checkpoint.lock is held by pid"):
+            other.save(7, {"w": torch.ones(4)})
+        other.close()
+    assert asyncckpt.latest_checkpoint(ckpt_dir).endswith("model.ckpt-1")
+    assert "model.ckpt-1" in (ckpt_dir / "checkpoint").read_text()
+
+
+@pytest.mark.parametrize("state, message", [
+    ("cycle", "refers to itself"),
+    ("deep", "deeper than 100"),
+])
+def test_a_cyclic_or_too_deep_state_is_a_clear_error(ckpt_dir, state, message):
+    if state == "cycle":
+        value = {"a": [1, 2]}
+        value["a"].append(value)
+    else:
+        value = []
+        for _ in range(5000):
+            value = [value]
+    with asyncckpt.CheckpointManager(ckpt_dir) as manager:
+        with pytest.raises(ValueError, match=message):
+            manager.save(1, value)
+
+
+def test_chunk_bytes_below_the_cli_floor_is_refused(ckpt_dir):
+    with pytest.raises(ValueError, match="chunk_bytes"):
+        asyncckpt.CheckpointManager(ckpt_dir, chunk_bytes=1)
+    asyncckpt.CheckpointManager(ckpt_dir, chunk_bytes=asyncckpt._core.MIN_CHUNK_BYTES).close()

@@ -23,6 +23,7 @@
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/xtensor.h"
 #include "io/fault_injection_file_system.h"
+#include "src/codec/bounded_verify.h"
 #include "src/format/format.h"
 #include "src/format/writer.h"
 #include "src/state/checkpoint_state.h"
@@ -227,6 +228,30 @@ TEST_F(ReaderTest, OpenRefusesChunksThatShareOneFrameBeforeAllocatingTheirClaim)
               HasSubstr("tensor 'w' chunk 0 and tensor 'w' chunk 1 share stored bytes [0, " +
                         std::to_string(frame.frame.size()) + ") of data-00000-of-00001"));
   EXPECT_THAT(reader.status().message(), HasSubstr(dir_ + "/index"));
+}
+
+// Issue 19's bomb: distinct frames, each 1 GiB of zeros in about 33 KiB, each chunk within the
+// ratio and alone in its bytes, so the checkpoint opens. verify() once decoded every chunk
+// whole (2.1 GB of memory for 16 of them); it now checks each through small windows.
+TEST_F(ReaderTest, VerifyOfValidLookingBombsTakesBoundedMemory) {
+  constexpr uint64_t kGiB = 1ull << 30;
+  const ZeroFrame frame = CompressZeros(kGiB);
+  std::vector<uint8_t> data;
+  std::vector<format::ChunkEntry> chunks;
+  for (uint64_t i = 0; i < 4; ++i) {
+    chunks.push_back(ZeroChunk(i * kGiB, data.size(), frame, kGiB));
+    data.insert(data.end(), frame.frame.begin(), frame.frame.end());
+  }
+  WriteByHand(data, chunks);
+  std::unique_ptr<CheckpointReader> reader = OpenOrDie();
+  ASSERT_NE(reader, nullptr);
+  struct rusage before, after;
+  ::getrusage(RUSAGE_SELF, &before);
+  const VerifyReport report = reader->verify();
+  ::getrusage(RUSAGE_SELF, &after);
+  EXPECT_THAT(report.problems, SizeIs(0));
+  EXPECT_EQ(report.bytes_checked, 4 * kGiB);
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 256 * 1024) << "KiB of peak memory added";
 }
 
 TEST_F(ReaderTest, OpenRefusesAChunkClaimingMoreThanItsFrameCanDecodeTo) {
@@ -500,6 +525,9 @@ TEST_F(ReaderTest, MissingDirectoryOrIndexIsNotFound) {
   Result<std::unique_ptr<CheckpointReader>> no_index = CheckpointReader::Open(dir_, Posix());
   EXPECT_EQ(no_index.status().code(), StatusCode::kNotFound);
   EXPECT_THAT(no_index.status().message(), HasSubstr(dir_ + "/index"));
+  Result<std::unique_ptr<CheckpointReader>> empty = CheckpointReader::Open("", Posix());
+  EXPECT_EQ(empty.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(empty.status().message(), "no checkpoint at ''");
 }
 
 TEST_F(ReaderTest, DamagedIndexIsCorruptionNamingIt) {
@@ -572,6 +600,27 @@ TEST_F(ReaderTest, VerifyReportsEveryDamagedChunk) {
   EXPECT_THAT(report.problems[2], HasSubstr(file_c));
   EXPECT_THAT(report.problems[2], HasSubstr("tensor 'c' chunk 2"));
   EXPECT_EQ(report.chunks_checked, 12u);
+}
+
+TEST_F(ReaderTest, VerifyChecksAChunkLargerThanTheStreamingBoundThroughSmallWindows) {
+  // One shuffle+zstd chunk of 24 MiB: verify takes the streaming path (codec::VerifyStreaming).
+  constexpr int64_t kElements = 6 << 20;
+  static_assert(kElements * 4 > static_cast<int64_t>(codec::kStreamingVerifyBytes));
+  Write({Make("big", DType::kF32, {kElements})}, uint64_t{kElements} * 4, 1);
+  {
+    std::unique_ptr<CheckpointReader> reader = OpenOrDie();
+    ASSERT_NE(reader, nullptr);
+    VerifyReport clean = reader->verify();
+    EXPECT_THAT(clean.problems, SizeIs(0));
+    EXPECT_EQ(clean.chunks_checked, 1u);
+  }
+  const std::string file = FlipBitIn("big", 0);
+  std::unique_ptr<CheckpointReader> reader = OpenOrDie();
+  ASSERT_NE(reader, nullptr);
+  VerifyReport report = reader->verify();
+  ASSERT_THAT(report.problems, SizeIs(1));
+  EXPECT_THAT(report.problems[0], HasSubstr(file));
+  EXPECT_THAT(report.problems[0], HasSubstr("tensor 'big' chunk 0"));
 }
 
 TEST_F(ReaderTest, ConcurrentReadsAgree) {

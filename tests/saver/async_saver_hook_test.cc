@@ -286,8 +286,8 @@ TEST_F(AsyncSaverHookTest, ManySavesInFlightWithAWideBudgetStillCommitInOrder) {
   for (size_t i = 1; i < after.size(); ++i) EXPECT_LT(after[i - 1], after[i]);
   const auto latest = listener.latest_at_save();
   for (int64_t step = 0; step <= kSteps; ++step) EXPECT_EQ(latest[size_t(step)], Path(step));
-  EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "model.ckpt-48", "model.ckpt-49",
-                                                 "model.ckpt-50", "model.ckpt.lock"}));
+  EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "checkpoint.lock", "model.ckpt-48",
+                                                 "model.ckpt-49", "model.ckpt-50"}));
   for (int64_t step = 48; step <= kSteps; ++step) ExpectHoldsStep(Path(step), step);
 }
 
@@ -384,8 +384,8 @@ TEST_F(AsyncSaverHookTest, OnBusySkipSkipsAndRetriesAtTheNextTrigger) {
   const SaverTotals totals = (*hook)->totals();
   EXPECT_EQ(totals.saves_skipped, 2);
   EXPECT_EQ(totals.saves_committed, 2);
-  EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "model.ckpt-0", "model.ckpt-3",
-                                                 "model.ckpt.lock"}));
+  EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "checkpoint.lock", "model.ckpt-0",
+                                                 "model.ckpt-3"}));
   ExpectHoldsStep(Path(0), 0);
   ExpectHoldsStep(Path(3), 3);
 }
@@ -535,8 +535,8 @@ TEST_F(AsyncSaverHookTest, ExceptionFromTheFileSystemBecomesTheSaveFailure) {
   EXPECT_NE(stats[1].status.message().find("write path exploded"), std::string::npos)
       << stats[1].status.ToString();
   EXPECT_TRUE(stats[2].status.ok());
-  EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "model.ckpt-0", "model.ckpt-2",
-                                                 "model.ckpt.lock"}));
+  EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "checkpoint.lock", "model.ckpt-0",
+                                                 "model.ckpt-2"}));
   ExpectHoldsStep(Path(2), 2);
 }
 
@@ -559,7 +559,7 @@ TEST_F(AsyncSaverHookTest, EndStillReportsAFailureThatWaitUntilSavedReturned) {
   const Status ended = (*hook)->end(1);
   EXPECT_EQ(ended.code(), StatusCode::kInternal) << ended.ToString();
   EXPECT_NE(ended.message().find("write path exploded"), std::string::npos) << ended.ToString();
-  EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "model.ckpt-0", "model.ckpt.lock"}));
+  EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "checkpoint.lock", "model.ckpt-0"}));
 }
 
 TEST_F(AsyncSaverHookTest, ExceptionFromADeviceCopyBecomesTheSaveFailure) {
@@ -584,8 +584,8 @@ TEST_F(AsyncSaverHookTest, ExceptionFromADeviceCopyBecomesTheSaveFailure) {
   EXPECT_NE(closed.message().find("copy engine hung"), std::string::npos) << closed.ToString();
   EXPECT_EQ(listener.after(), (std::vector<int64_t>{0, 1, 2}));
   EXPECT_EQ((*hook)->totals().saves_failed, 1);
-  EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "model.ckpt-0", "model.ckpt-2",
-                                                 "model.ckpt.lock"}));
+  EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "checkpoint.lock", "model.ckpt-0",
+                                                 "model.ckpt-2"}));
   ExpectHoldsStep(Path(0), 0);
   ExpectHoldsStep(Path(2), 2);
 }
@@ -934,8 +934,8 @@ TEST_F(AsyncSaverHookTest, RetentionKeepsTheNewestWhileSavesOverlap) {
   auto hook = AsyncCheckpointSaverHook::Create(options, &registry_);
   ASSERT_TRUE(hook.ok());
   ASSERT_TRUE(Train(hook->get(), 6).ok());
-  EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "model.ckpt-5", "model.ckpt-6",
-                                                 "model.ckpt.lock"}));
+  EXPECT_EQ(Entries(), (std::vector<std::string>{"checkpoint", "checkpoint.lock", "model.ckpt-5",
+                                                 "model.ckpt-6"}));
   auto state = GetCheckpointState(dir_);
   ASSERT_TRUE(state.ok());
   EXPECT_EQ(state->all_model_checkpoint_paths,

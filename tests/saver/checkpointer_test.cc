@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -127,6 +128,41 @@ class CheckpointerTest : public ::testing::TestWithParam<bool> {
   std::unique_ptr<io::FileSystem> posix_;
   std::unique_ptr<io::FileSystem> fs_under_test_;  // declared after posix_: destroyed first
 };
+
+TEST_P(CheckpointerTest, DeferredStartReadsOnlyUntilTheFirstSaveThenQuarantines) {
+  SaverOptions options = Options();
+  options.max_to_keep = 1;
+  {
+    auto checkpointer = Make(options);
+    SetState(10);
+    ASSERT_TRUE(checkpointer->save(10, Registry()).ok());
+    ASSERT_TRUE(checkpointer->close().ok());
+  }
+  const fs::path data = fs::path(Path(10)) / "data-00000-of-00002";
+  fs::resize_file(data, fs::file_size(data) / 2);
+  std::set<std::string> before;
+  for (const auto& entry : fs::directory_iterator(dir_)) before.insert(entry.path().filename());
+
+  auto made = Checkpointer::Create(options, mode(), CheckpointerStart::kAtFirstSave);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Checkpointer& deferred = **made;
+  std::set<std::string> after;
+  for (const auto& entry : fs::directory_iterator(dir_)) after.insert(entry.path().filename());
+  EXPECT_EQ(after, before) << "creating it changed the directory";
+  EXPECT_TRUE(deferred.all_steps().empty()) << "a damaged checkpoint is not a step to resume";
+  Result<std::vector<std::string>> damaged = deferred.damaged();
+  ASSERT_TRUE(damaged.ok()) << damaged.status().ToString();
+  ASSERT_EQ(damaged->size(), 1u);
+  EXPECT_EQ(damaged->front().rfind(Path(10) + ": ", 0), 0u) << damaged->front();
+
+  const Status saved = deferred.save(11, Registry());
+  EXPECT_EQ(saved.code(), StatusCode::kFailedPrecondition) << saved.ToString();
+  EXPECT_NE(saved.message().find(Path(10) + ".corrupt-"), std::string::npos) << saved.ToString();
+  EXPECT_FALSE(fs::exists(Path(10)));
+  damaged = deferred.damaged();
+  ASSERT_TRUE(damaged.ok() && damaged->size() == 1u);
+  EXPECT_NE(damaged->front().find("quarantined"), std::string::npos) << damaged->front();
+}
 
 INSTANTIATE_TEST_SUITE_P(AsyncAndSync, CheckpointerTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Async" : "Sync"; });

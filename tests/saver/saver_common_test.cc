@@ -58,6 +58,17 @@ class SaverStorageTest : public testing_support::CheckpointDirTest {
     return options;
   }
 
+  // Quarantined checkpoints "<name>.corrupt-<hex>" of kModel, by their names.
+  std::set<std::string> Quarantined() const {
+    std::set<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir_)) {
+      const std::string name = entry.path().filename();
+      if (IsQuarantinedCheckpoint(name, kModel))
+        names.insert(name.substr(0, name.find(".corrupt-")));
+    }
+    return names;
+  }
+
   // Entries named exactly like a checkpoint of `basename`.
   std::set<std::string> CommittedLooking(const std::string& basename = kModel) const {
     std::set<std::string> names;
@@ -114,9 +125,10 @@ TEST_F(SaverStorageTest, StartRemovesEachKindOfDebrisAndRelistsACommittedNewerCh
   SaverStorage storage;
   Result<std::vector<std::string>> removed = storage.Start(Options(2));
   ASSERT_TRUE(removed.ok()) << removed.status().ToString();
-  EXPECT_THAT(*removed, ElementsAre(Name(1), Name(2), Name(3), Name(4),
-                                    Name(5) + ".deleting-0123456789abcdef",
+  EXPECT_THAT(*removed, ElementsAre(Name(4), Name(5) + ".deleting-0123456789abcdef",
                                     Name(9) + ".tmp-0123456789abcdef"));
+  // Damaged under committed names: quarantined, never removed.
+  EXPECT_EQ(Quarantined(), (std::set<std::string>{Name(1), Name(2), Name(3)}));
   EXPECT_THAT(storage.manager->retained(), ElementsAre(Name(6), Name(7), Name(8)));
   EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(6), Name(7), Name(8)}));
   Result<CheckpointState> state = GetCheckpointState(dir_);
@@ -136,12 +148,13 @@ TEST_F(SaverStorageTest, KeepEveryNHoursLeavesOldCompleteCheckpointsOnDisk) {
   SaverStorage storage;
   Result<std::vector<std::string>> removed = storage.Start(options);
   ASSERT_TRUE(removed.ok()) << removed.status().ToString();
-  EXPECT_THAT(*removed, ElementsAre(Name(2)));
+  EXPECT_TRUE(removed->empty());
+  EXPECT_EQ(Quarantined(), std::set<std::string>{Name(2)}) << "damage is quarantined";
   EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(1), Name(6), Name(7)}));
   EXPECT_THAT(storage.manager->retained(), ElementsAre(Name(6), Name(7)));
 }
 
-TEST_F(SaverStorageTest, HostileIndexesAreRemovedWithoutBlocking) {
+TEST_F(SaverStorageTest, HostileIndexesAreQuarantinedWithoutBlocking) {
   fs::create_directory(Path(Name(1)));
   ASSERT_EQ(::mkfifo(Path(Name(1) + "/index").c_str(), 0600), 0);
   fs::create_directory(Path(Name(2)));
@@ -152,8 +165,30 @@ TEST_F(SaverStorageTest, HostileIndexesAreRemovedWithoutBlocking) {
   SaverStorage storage;
   Result<std::vector<std::string>> removed = storage.Start(Options(2));
   ASSERT_TRUE(removed.ok()) << removed.status().ToString();
-  EXPECT_THAT(*removed, ElementsAre(Name(1), Name(2)));
+  EXPECT_TRUE(removed->empty());
+  EXPECT_EQ(Quarantined(), (std::set<std::string>{Name(1), Name(2)}));
   EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(3)}));
+}
+
+TEST_F(SaverStorageTest, OnlyDamagedCheckpointsRefuseAFreshStartUnlessAllowed) {
+  WriteCheckpoint(10);
+  WriteState({10});
+  fs::resize_file(Path(Name(10) + "/" + format::DataFileName(0, 2)), 1);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    SCOPED_TRACE(attempt == 0 ? "quarantining it" : "quarantined earlier");
+    SaverStorage storage;
+    const Status started = storage.Start(Options(1)).status();
+    EXPECT_EQ(started.code(), StatusCode::kFailedPrecondition) << started.ToString();
+    EXPECT_NE(started.message().find(Path(Name(10)) + ".corrupt-"), std::string::npos)
+        << started.ToString();
+    EXPECT_NE(started.message().find("allow_fresh_start"), std::string::npos);
+    EXPECT_EQ(storage.lock, nullptr) << "a refused start keeps no lock";
+  }
+  SaverOptions options = Options(1);
+  options.allow_fresh_start = true;
+  SaverStorage storage;
+  ASSERT_TRUE(storage.Start(options).ok());
+  EXPECT_EQ(Quarantined(), std::set<std::string>{Name(10)});
 }
 
 // Finding 6a: an empty, garbage or dangling state file made the resume start afresh.

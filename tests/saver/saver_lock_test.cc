@@ -1,5 +1,5 @@
-// SaverStorage's directory lock, as the hooks meet it: one writer per checkpoint_dir and
-// basename, refused before anything of the holder's is touched, released by end() and by
+// SaverStorage's directory lock, as the hooks meet it: one writer per state file (whatever its
+// basename), refused before anything of the holder's is touched, released by end() and by
 // destruction; the model's and the input pipeline's hooks of one job side by side.
 
 #include <gtest/gtest.h>
@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "asyncckpt/checkpointer.h"
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/input_pipeline.h"
 #include "asyncckpt/reader.h"
@@ -106,11 +107,11 @@ class SaverLockTest : public ::testing::Test {
     return hook.ok() ? std::move(*hook) : nullptr;
   }
 
-  // The refusal a hook gets while this process holds `basename`'s lock.
-  void ExpectRefused(const Status& status, const std::string& basename) {
+  // The refusal a hook gets while this process holds the lock of state file `state_file`.
+  void ExpectRefused(const Status& status, const std::string& state_file) {
     EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.ToString();
     EXPECT_NE(status.message().find("checkpoint_dir " + dir_ + " is in use by another job: " +
-                                    dir_ + "/" + basename + ".lock " + holder_),
+                                    dir_ + "/" + state_file + ".lock " + holder_),
               std::string::npos)
         << status.ToString();
   }
@@ -122,8 +123,8 @@ class SaverLockTest : public ::testing::Test {
 };
 
 TEST(DirectoryLockFileNameTest, IsNeitherACheckpointNorATemporary) {
-  EXPECT_EQ(DirectoryLockFileName("model.ckpt"), "model.ckpt.lock");
-  EXPECT_EQ(DirectoryLockFileName("input_worker_1.ckpt"), "input_worker_1.ckpt.lock");
+  EXPECT_EQ(DirectoryLockFileName("checkpoint"), "checkpoint.lock");
+  EXPECT_EQ(DirectoryLockFileName("checkpoint_input_worker_1"), "checkpoint_input_worker_1.lock");
 }
 
 TEST_F(SaverLockTest, SecondHookOfTheSameBasenameIsRefusedAndTouchesNothingOfTheFirst) {
@@ -140,12 +141,12 @@ TEST_F(SaverLockTest, SecondHookOfTheSameBasenameIsRefusedAndTouchesNothingOfThe
   ASSERT_TRUE(temporary) << "the first save has no temporary to protect";
 
   auto second = AsyncHook(Options());
-  ExpectRefused(second->begin(), "model.ckpt");
+  ExpectRefused(second->begin(), "checkpoint");
   EXPECT_EQ(Snapshot(dir_), before) << "the refused hook changed the directory";
   // Nor does the synchronous saver get in.
   auto sync = CheckpointSaverHook::Create(Options(), &registry_);
   ASSERT_TRUE(sync.ok());
-  ExpectRefused((*sync)->begin(), "model.ckpt");
+  ExpectRefused((*sync)->begin(), "checkpoint");
   second.reset();
   sync->reset();
 
@@ -154,13 +155,13 @@ TEST_F(SaverLockTest, SecondHookOfTheSameBasenameIsRefusedAndTouchesNothingOfThe
   auto reader = CheckpointReader::Open(dir_ + "/model.ckpt-0");
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
   EXPECT_TRUE((*reader)->verify().problems.empty());
-  EXPECT_EQ(ReadFile(dir_ + "/model.ckpt.lock"), "") << "end() leaves the file empty";
+  EXPECT_EQ(ReadFile(dir_ + "/checkpoint.lock"), "") << "end() leaves the file empty";
 
   // end() released the lock: the next hook starts.
   auto third = AsyncHook(Options());
   Status begun = third->begin();
   EXPECT_TRUE(begun.ok()) << begun.ToString();
-  EXPECT_EQ(ReadFile(dir_ + "/model.ckpt.lock").rfind("pid=" + std::to_string(::getpid()), 0), 0u);
+  EXPECT_EQ(ReadFile(dir_ + "/checkpoint.lock").rfind("pid=" + std::to_string(::getpid()), 0), 0u);
 }
 
 TEST_F(SaverLockTest, ModelAndInputHooksOfOneJobShareTheDirectory) {
@@ -173,8 +174,8 @@ TEST_F(SaverLockTest, ModelAndInputHooksOfOneJobShareTheDirectory) {
   ASSERT_TRUE(input.ok()) << input.status().ToString();
   auto session = SingularMonitoredSession::Create({model.get(), input->get()});
   ASSERT_TRUE(session.ok()) << session.status().ToString();
-  EXPECT_TRUE(fs::exists(dir_ + "/model.ckpt.lock"));
-  EXPECT_TRUE(fs::exists(dir_ + "/input.ckpt.lock"));
+  EXPECT_TRUE(fs::exists(dir_ + "/checkpoint.lock"));
+  EXPECT_TRUE(fs::exists(dir_ + "/checkpoint_input.lock"));
   Status ran = (*session)->run_until(3, [&](StepContext&) {
     iterator.Next();
     return Status::OK();
@@ -187,14 +188,28 @@ TEST_F(SaverLockTest, ModelAndInputHooksOfOneJobShareTheDirectory) {
   }
 }
 
-TEST_F(SaverLockTest, AnotherBasenameInTheSameDirectoryIsNotRefused) {
+TEST_F(SaverLockTest, AnotherBasenameWritingTheSameStateFileIsRefusedAndDropsNothing) {
   auto first = AsyncHook(Options());
   ASSERT_TRUE(first->begin().ok());
+  ASSERT_TRUE(first->after_create_session(0).ok());
   SaverOptions other = Options();
-  other.basename = "ema.ckpt";
+  other.basename = "other.ckpt";
   auto second = AsyncHook(other);
-  Status begun = second->begin();
-  EXPECT_TRUE(begun.ok()) << begun.ToString();
+  ExpectRefused(second->begin(), "checkpoint");
+  // The Checkpointer (the Python manager's saver) too.
+  ExpectRefused(Checkpointer::Create(other).status(), "checkpoint");
+  ASSERT_TRUE(first->end(0).ok());
+  EXPECT_NE(ReadFile(dir_ + "/checkpoint").find("model.ckpt-0"), std::string::npos);
+
+  // Once the first job is gone the other basename may write the state file, and keeps the
+  // model's entries in it.
+  second = AsyncHook(other);
+  ASSERT_TRUE(second->begin().ok());
+  ASSERT_TRUE(second->after_create_session(7).ok());
+  ASSERT_TRUE(second->end(7).ok());
+  const std::string state = ReadFile(dir_ + "/checkpoint");
+  EXPECT_NE(state.find("model.ckpt-0"), std::string::npos) << state;
+  EXPECT_NE(state.find("other.ckpt-7"), std::string::npos) << state;
 }
 
 TEST_F(SaverLockTest, DestroyingAHookWithoutEndReleasesTheLock) {
@@ -212,7 +227,7 @@ TEST_F(SaverLockTest, LockIsTakenThroughTheSeamBeforeAnyCleanUp) {
   fs::create_directory(stale);
   auto base = io::NewPosixFileSystem();
   io::FaultInjectionFileSystem faulty(base.get());
-  faulty.fail_ops_matching("model.ckpt.lock", ENOLCK, io::FaultOp::kLock);
+  faulty.fail_ops_matching("checkpoint.lock", ENOLCK, io::FaultOp::kLock);
   auto hook = AsyncHook(Options(&faulty));
   Status begun = hook->begin();
   EXPECT_EQ(begun.code(), StatusCode::kIOError) << begun.ToString();

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -164,6 +165,17 @@ class CheckpointStateTest : public ::testing::Test {
     return names;
   }
 
+  // The checkpoints quarantined as "<name>.corrupt-<hex>", by their names, sorted.
+  std::vector<std::string> Quarantined() const {
+    std::vector<std::string> names;
+    for (const std::string& name : Entries()) {
+      const size_t at = name.find(".corrupt-");
+      if (at != std::string::npos) names.push_back(name.substr(0, at));
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
   // Temporaries and interrupted deletions.
   std::set<std::string> Leftovers() const {
     std::set<std::string> names;
@@ -224,7 +236,7 @@ inline CheckpointValidator ContentValidator() {
     if (!(in >> word >> wall_time) || word != "complete") {
       return Status::Corruption(path + "/index is not complete");
     }
-    return ValidCheckpoint{wall_time};
+    return ValidCheckpoint{.wall_time = wall_time, .step = std::nullopt};
   };
 }
 

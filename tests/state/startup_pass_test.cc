@@ -14,8 +14,10 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -32,6 +34,20 @@ using namespace state_testing;  // NOLINT(build/namespaces): the shared fixture
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
+
+// Collects what the library logs while it lives.
+class CapturedLog {
+ public:
+  CapturedLog()
+      : previous_(
+            SetLogSink([this](std::string_view line) { text_ += std::string(line) + "\n"; })) {}
+  ~CapturedLog() { SetLogSink(std::move(previous_)); }
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_;
+  std::function<void(std::string_view)> previous_;
+};
 
 // ---- recovery -----------------------------------------------------------------------------------
 
@@ -279,13 +295,16 @@ TEST_F(CheckpointStateTest, UnlistedDirectoriesFollowTheStartupRule) {
     // 8 is newer than the oldest listed; 4 is not, and the list (5, 6, 8) is full.
     EXPECT_THAT(manager.retained(), ElementsAre(Name(5), Name(6), Name(8)));
     if (hours == 0) {
-      EXPECT_EQ(report->removed,
-                (std::vector<std::string>{Name(1), Name(2), Name(3), Name(4), Name(7)}));
+      // 1 and 7 are damaged: quarantined, never removed.
+      EXPECT_EQ(report->removed, (std::vector<std::string>{Name(2), Name(3), Name(4)}));
+      EXPECT_EQ(Quarantined(), (std::vector<std::string>{Name(1), Name(7)}));
+      EXPECT_EQ(report->quarantined.size(), 2u);
       EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(5), Name(6), Name(8)}));
       for (int step : {2, 3, 4}) MakeCheckpointDir(Name(step), "complete 0");  // again
     } else {
       EXPECT_TRUE(report->removed.empty());
       EXPECT_THAT(report->kept_unlisted, ElementsAre(Name(4), Name(3), Name(2)));
+      EXPECT_EQ(Quarantined(), (std::vector<std::string>{Name(1), Name(7)})) << "still there";
     }
   }
 }
@@ -303,7 +322,7 @@ TEST_F(CheckpointStateTest, StartFillsAShortListWithTheNewestUnlistedCheckpoints
   EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(4), Name(5), Name(6)}));
 }
 
-TEST_F(CheckpointStateTest, IncompleteListedCheckpointIsRemovedOnlyAfterTheStateIsRewritten) {
+TEST_F(CheckpointStateTest, DamagedListedCheckpointIsQuarantinedEvenWhenTheRewriteFails) {
   MakeCheckpointDir(Name(1), "complete 1");
   MakeCheckpointDir(Name(2), "torn");
   CheckpointState state;
@@ -323,14 +342,94 @@ TEST_F(CheckpointStateTest, IncompleteListedCheckpointIsRemovedOnlyAfterTheState
     Result<StartupReport> report = manager.Start();
     ASSERT_TRUE(report.ok()) << report.status().ToString();
     EXPECT_EQ(report->failures.size(), 1u);
-    EXPECT_TRUE(fs::exists(Path(Name(2)))) << "still named by the state file on disk";
+    EXPECT_FALSE(fs::exists(Path(Name(2))));
+    EXPECT_EQ(Quarantined(), std::vector<std::string>{Name(2)}) << "renamed, every byte kept";
+    EXPECT_EQ(report->quarantined.size(), 1u);
   }
   faulty_->set_fault(nullptr);
   CheckpointManager manager(faulty_.get(), options, [] { return 0.0; });
   Result<StartupReport> report = manager.Start();
   ASSERT_TRUE(report.ok()) << report.status().ToString();
-  EXPECT_THAT(report->removed, ElementsAre(Name(2)));
+  EXPECT_TRUE(report->removed.empty());
+  EXPECT_EQ(report->quarantined.size(), 1u) << "an earlier quarantine is reported again";
   EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre(Name(1)));
+}
+
+TEST_F(CheckpointStateTest, TruncatedOnlyCheckpointIsQuarantinedNotRemoved) {
+  MakeCheckpointDir(Name(10), "complete 10");
+  CheckpointState state;
+  state.all_model_checkpoint_paths = {Name(10)};
+  state.all_model_checkpoint_timestamps = {10};
+  state.model_checkpoint_path = Name(10);
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
+  std::ofstream(Path(Name(10) + "/index"), std::ios::trunc) << "compl";
+  CapturedLog log;
+  auto manager =
+      std::make_unique<CheckpointManager>(faulty_.get(),
+                                          CheckpointManagerOptions{.checkpoint_dir = dir_,
+                                                                   .basename = kBasename,
+                                                                   .max_to_keep = 1,
+                                                                   .validator = ContentValidator()},
+                                          [] { return 0.0; });
+  Result<StartupReport> report = manager->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->removed.empty());
+  ASSERT_EQ(report->quarantined.size(), 1u);
+  EXPECT_TRUE(report->quarantined[0].starts_with(Name(10) + ".corrupt-"));
+  EXPECT_EQ(ReadText(report->quarantined[0] + "/index"), "compl") << "the evidence is kept";
+  EXPECT_THAT(log.text(), HasSubstr("ERROR: checkpoint " + Path(Name(10)) + " is damaged"));
+  EXPECT_THAT(log.text(), HasSubstr(Path(report->quarantined[0])));
+  EXPECT_TRUE(manager->retained().empty());
+  // Retention and later starts leave it alone.
+  MakeCheckpointDir(Name(11), "complete 11");
+  ASSERT_TRUE(manager->RecordCommitted(Name(11), 11).ok());
+  MakeCheckpointDir(Name(12), "complete 12");
+  ASSERT_TRUE(manager->RecordCommitted(Name(12), 12).ok());
+  ASSERT_TRUE(NewManager(1)->Start().ok());
+  EXPECT_EQ(Quarantined(), std::vector<std::string>{Name(10)});
+}
+
+TEST_F(CheckpointStateTest, MisnamedCopyIsQuarantinedNotRelisted) {
+  MakeCheckpointDir(Name(15), "complete 15");
+  CapturedLog log;
+  CheckpointManager manager(
+      faulty_.get(),
+      CheckpointManagerOptions{.checkpoint_dir = dir_,
+                               .basename = kBasename,
+                               .max_to_keep = 3,
+                               .validator = [](const std::string& path) -> Result<ValidCheckpoint> {
+                                 // Every directory holds step 15, whatever its name.
+                                 if (!fs::exists(path + "/index")) return Status::NotFound(path);
+                                 return ValidCheckpoint{.wall_time = 1, .step = 15};
+                               }},
+      [] { return 0.0; });
+  fs::copy(Path(Name(15)), Path(Name(25)));
+  Result<StartupReport> report = manager.Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_THAT(report->relisted, ElementsAre(Name(15)));
+  EXPECT_THAT(manager.retained(), ElementsAre(Name(15)));
+  EXPECT_EQ(Quarantined(), std::vector<std::string>{Name(25)});
+  EXPECT_THAT(log.text(), HasSubstr("holds the state of step 15, not of step 25"));
+  EXPECT_THAT(log.text(), HasSubstr("start-up listed " + Path(Name(15)) + " again"));
+}
+
+TEST_F(CheckpointStateTest, OtherBasenamesEntriesOfASharedStateFileAreKept) {
+  MakeCheckpointDir(Name(1));
+  MakeCheckpointDir("other.ckpt-7");
+  CheckpointState state;
+  state.all_model_checkpoint_paths = {"other.ckpt-7", Name(1)};
+  state.all_model_checkpoint_timestamps = {7, 1};
+  state.model_checkpoint_path = Name(1);
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
+  auto manager = NewManager(1);
+  Result<StartupReport> report = manager->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->dropped.empty());
+  Commit(*manager, 2, 2);
+  Commit(*manager, 3, 3);
+  EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre("other.ckpt-7", Name(3)));
+  EXPECT_EQ(ReadState().model_checkpoint_path, Name(3));
+  EXPECT_TRUE(fs::exists(Path("other.ckpt-7")));
 }
 
 }  // namespace
