@@ -39,14 +39,15 @@ def test_the_hook_waits_before_every_step_until_removed(ckpt_dir, monkeypatch):
         train_step(model, optimizer)
         manager.save(1, {"model": model})
         train_step(model, optimizer)
-        assert len(waits) == 2
+        assert len(waits) == 2  # one per step; none inside the save, which the hook defers
         assert torch.equal(waits[0], before)
         assert not torch.equal(model.weight, before)  # the update still ran
         handle.remove()
         handle.remove()  # idempotent
         train_step(model, optimizer)
         assert len(waits) == 2
-        manager.save(2, {"model": model})  # no hook: the save itself waits (nothing to wait for)
+        manager.save(2, {"model": model})
+        assert len(waits) == 3  # no hook: the save itself waits (nothing to wait for on a CPU)
     assert torch.equal(asyncckpt.load(ckpt_dir)["model"]["weight"], model.weight.detach())
 
 
@@ -102,7 +103,12 @@ def test_a_stream_ordered_save_holds_the_bytes_before_the_update(ckpt_dir):
     model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.Linear(4096, 4096)).cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     inputs = torch.randn(256, 4096, device="cuda")
-    with asyncckpt.CheckpointManager(ckpt_dir, cuda_stream_ordered=True) as manager:
+    # A side stream, as torch makes them (non-blocking): the legacy default stream would wait
+    # for the device's copy stream anyway, and the test would not see a missing wait.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), \
+            asyncckpt.CheckpointManager(ckpt_dir, cuda_stream_ordered=True) as manager:
         handle = manager.wait_before_update(optimizer)
         for step in range(1, 4):
             optimizer.zero_grad()
