@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import warnings
@@ -14,6 +15,7 @@ from . import _logging
 from . import _pickled
 from . import _stateful
 from . import _steps
+from . import _streams
 from . import _tree
 
 StrPath = Union[str, "os.PathLike[str]"]
@@ -95,6 +97,12 @@ class CheckpointManager:
     later one: the manager saves nothing more), or is logged and warned about (RuntimeWarning)
     with ``on_error="continue"``. Earlier checkpoints are never touched by a failed save.
 
+    ``cuda_stream_ordered=True`` (CUDA tensors, asynchronous): ``save`` returns once the copies
+    of GPU memory are enqueued, ordered after the work queued on ``torch.cuda.current_stream()``.
+    The update that changes the state must wait for them: ``wait_before_update(optimizer)``
+    inserts that wait before each ``optimizer.step()``; without it, ``save`` makes the current
+    stream wait at once. Raises RuntimeError when no GPU is visible.
+
     Not thread-safe beyond this: calls from several threads are serialised.
     """
 
@@ -108,7 +116,13 @@ class CheckpointManager:
                  background_threads: int = 0, queue_depth: int = _core.DEFAULT_QUEUE_DEPTH,
                  use_o_direct: bool = True, force_posix_io: bool = False,
                  metadata: Optional[Mapping[str, str]] = None,
-                 allow_fresh_start: bool = False) -> None:
+                 allow_fresh_start: bool = False,
+                 cuda_stream_ordered: bool = False) -> None:
+        if cuda_stream_ordered:
+            _streams.check_gpu_visible()
+        self._stream_ordered = bool(cuda_stream_ordered)
+        self._update_waits = 0  # live wait_before_update hooks
+        self._copying_gpus: set = set()  # GPUs whose copies no stream waited for yet
         self._scheduled = save_steps is not None or save_secs is not None
         # save_steps is Python's schedule (Orbax's rule); the C++ timer then sees every step.
         self._save_steps = _steps.check_save_steps(save_steps) if save_secs is None else None
@@ -123,7 +137,8 @@ class CheckpointManager:
             save_secs, max_to_keep, float(keep_checkpoint_every_n_hours), compression,
             compression_level, staging_bytes, on_busy, on_error, asynchronous, basename,
             chunk_bytes, num_data_files, background_threads, queue_depth, use_o_direct,
-            force_posix_io, dict(metadata or {}), allow_fresh_start=bool(allow_fresh_start))
+            force_posix_io, dict(metadata or {}), allow_fresh_start=bool(allow_fresh_start),
+            cuda_stream_ordered=self._stream_ordered)
         self._closed = False
         self._finalizer = weakref.finalize(self, _close_quietly, self._core)
         self._ledger = _steps.StepLedger(self._core.latest_step())
@@ -143,8 +158,10 @@ class CheckpointManager:
         step = _steps.check_step(step)
         self._ledger.check_new(step, force, self._core.checkpoint_path)
         leaves, metadata = _flatten(state, allow_pickle)
+        specs = [leaf.spec() for leaf in leaves]
         try:
-            self._core.save(step, [leaf.spec() for leaf in leaves], metadata)
+            with self._stream_ordering(specs):
+                self._core.save(step, specs, metadata)
             self._last_submitted = step
             self._ledger.saved(step)
         finally:
@@ -183,8 +200,10 @@ class CheckpointManager:
             return False
         step = _steps.check_step(step)
         leaves, metadata = _flatten(state, allow_pickle)
+        specs = [leaf.spec() for leaf in leaves]
         try:
-            taken = self._core.maybe_save(step, [leaf.spec() for leaf in leaves], metadata)
+            with self._stream_ordering(specs):
+                taken = self._core.maybe_save(step, specs, metadata)
             self._last_submitted = step  # seen by the C++ timer, saved or skipped
             if taken:
                 self._ledger.saved(step)
@@ -192,6 +211,40 @@ class CheckpointManager:
             _logging.drain()
         self._warn_about_failures()
         return taken
+
+    @contextlib.contextmanager
+    def _stream_ordering(self, specs):
+        """Around a save: its GPU copies follow the current streams, and the update waits for
+        them (at once unless a wait_before_update hook will)."""
+        gpus = _streams.cuda_ordinals(specs) if self._stream_ordered else set()
+        _streams.follow_current_streams(gpus)
+        try:
+            yield
+        finally:
+            self._copying_gpus |= gpus  # even after a failure: some copies may be under way
+            _streams.stop_following(gpus)
+            if not self._update_waits:
+                self.wait_for_snapshot_copies()
+
+    def wait_for_snapshot_copies(self) -> None:
+        """Makes the current CUDA stream wait (on the GPU; the host goes on) for the copies of
+        the stream-ordered saves so far. Call it right before the state changes, or let
+        ``wait_before_update`` call it. Nothing to do without outstanding copies."""
+        gpus, self._copying_gpus = self._copying_gpus, set()
+        _streams.wait_on_current_streams(gpus)
+
+    def wait_before_update(self, optimizer: Any) -> "_streams.UpdateWaitHandle":
+        """Registers an ``optimizer.step()`` pre-hook that calls ``wait_for_snapshot_copies``:
+        the forward and backward passes after a stream-ordered save only read the parameters,
+        so the copy can overlap them (on a side stream: CUDA's legacy default stream waits for
+        the copy stream), and only the update waits. Returns a handle; its ``remove()`` takes
+        the hook off. Harmless without stream-ordered copies."""
+        handle = _streams.UpdateWaitHandle(self, optimizer)
+        self._update_waits += 1
+        return handle
+
+    def _update_wait_removed(self):
+        self._update_waits -= 1
 
     def _report_failure(self):
         """Raises a background failure (on_error="stop") when no save is due; logs the lines."""

@@ -385,7 +385,8 @@ std::unique_ptr<PyCheckpointer> MakeCheckpointer(
     const std::string& on_busy, const std::string& on_error, bool asynchronous,
     const std::string& basename, uint64_t chunk_bytes, uint32_t num_data_files,
     unsigned background_threads, unsigned queue_depth, bool use_o_direct, bool force_posix_io,
-    const std::map<std::string, std::string>& user_metadata, bool allow_fresh_start) {
+    const std::map<std::string, std::string>& user_metadata, bool allow_fresh_start,
+    bool cuda_stream_ordered) {
   SaverOptions options;
   options.checkpoint_dir = directory;
   options.save_steps = save_steps;
@@ -406,6 +407,10 @@ std::unique_ptr<PyCheckpointer> MakeCheckpointer(
   options.force_posix_io = force_posix_io;
   options.user_metadata = user_metadata;
   options.allow_fresh_start = allow_fresh_start;
+  // The Python layer places the compute stream's wait itself: before the optimizer's update
+  // when a step pre-hook is registered, else right after the save.
+  options.cuda_stream_ordered = cuda_stream_ordered;
+  options.cuda_defer_compute_wait = cuda_stream_ordered;
   Result<std::unique_ptr<Checkpointer>> made = Status::Internal("not created");
   {
     py::gil_scoped_release release;
@@ -415,6 +420,33 @@ std::unique_ptr<PyCheckpointer> MakeCheckpointer(
                                 CheckpointerStart::kAtFirstSave);
   }
   return std::make_unique<PyCheckpointer>(Take(std::move(made)));
+}
+
+// A torch stream handle as the CUDA device takes it: torch's default stream is the legacy
+// default stream, handle 0, which SetCudaComputeStream would read as "off"; CUDA names it
+// cudaStreamLegacy, 0x1 (driver_types.h), for explicit use.
+void* CudaStreamOf(uintptr_t torch_stream) {
+  constexpr uintptr_t kCudaStreamLegacy = 0x1;
+  return reinterpret_cast<void*>(torch_stream == 0 ? kCudaStreamLegacy : torch_stream);
+}
+
+// Stream-ordered mode: the snapshot copies on GPU `ordinal` are ordered after the work queued on
+// `stream` (torch's Stream.cuda_stream) so far; None turns the ordering off.
+void SetComputeStream(int ordinal, std::optional<uintptr_t> stream) {
+  std::shared_ptr<Device> device = CudaDevice(ordinal);
+  py::gil_scoped_release release;
+  Check(SetCudaComputeStream(*device, stream ? CudaStreamOf(*stream) : nullptr));
+}
+
+// Makes `stream` wait, on the GPU, for every snapshot copy started on GPU `ordinal`, and turns
+// the ordering off again, so that no stream outlives its use in the device.
+void WaitForCopiesOnStream(int ordinal, uintptr_t stream) {
+  std::shared_ptr<Device> device = CudaDevice(ordinal);
+  py::gil_scoped_release release;
+  Status status = SetCudaComputeStream(*device, CudaStreamOf(stream));
+  if (status.ok()) status = WaitForCopiesOnComputeStream(*device);
+  Status cleared = SetCudaComputeStream(*device, nullptr);
+  Check(status.ok() ? cleared : status);
 }
 
 std::unique_ptr<PyReader> OpenReader(const std::string& path, bool force_posix_io) {
@@ -465,7 +497,8 @@ PYBIND11_MODULE(_core, m) {
            py::arg("on_busy"), py::arg("on_error"), py::arg("asynchronous"), py::arg("basename"),
            py::arg("chunk_bytes"), py::arg("num_data_files"), py::arg("background_threads"),
            py::arg("queue_depth"), py::arg("use_o_direct"), py::arg("force_posix_io"),
-           py::arg("user_metadata"), py::arg("allow_fresh_start") = false)
+           py::arg("user_metadata"), py::arg("allow_fresh_start") = false,
+           py::arg("cuda_stream_ordered") = false)
       .def("check_due", &PyCheckpointer::check_due, py::arg("step"))
       .def("due", &PyCheckpointer::due, py::arg("step"))
       .def("save", &PyCheckpointer::save, py::arg("step"), py::arg("specs"), py::arg("metadata"))
@@ -510,6 +543,11 @@ PYBIND11_MODULE(_core, m) {
       "full).");
   m.def("cuda_available", &CudaAvailable,
         "True when this build has the CUDA device and a GPU is visible.");
+  m.def("set_cuda_compute_stream", &SetComputeStream, py::arg("ordinal"), py::arg("stream"),
+        "Stream-ordered mode: GPU `ordinal`'s snapshot copies follow the work queued on "
+        "`stream` (torch's Stream.cuda_stream); None turns that off.");
+  m.def("wait_for_copies_on_stream", &WaitForCopiesOnStream, py::arg("ordinal"), py::arg("stream"),
+        "Makes `stream` wait (on the GPU, not the host) for GPU `ordinal`'s snapshot copies.");
   m.def(
       "dtype_size",
       [](const std::string& name) {

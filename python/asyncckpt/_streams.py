@@ -1,0 +1,88 @@
+"""Stream-ordered saves of CUDA tensors: the compute stream a save's copies follow, the wait that
+orders the optimizer's update after them, and the step pre-hook that places that wait."""
+
+from __future__ import annotations
+
+import weakref
+
+from . import _core
+
+
+def check_gpu_visible():
+    """cuda_stream_ordered=True with no GPU: a clear error now, rather than a silent no-op."""
+    if not _core.cuda_available():
+        raise RuntimeError("cuda_stream_ordered=True needs a CUDA GPU, and asyncckpt sees none "
+                           "(no GPU is visible, or this build of asyncckpt has no CUDA device)")
+
+
+def cuda_ordinals(specs):
+    """The GPUs whose memory a list of tensor specs names."""
+    return {spec[5] for spec in specs if spec[5] is not None}
+
+
+def _current_stream(ordinal):
+    import torch  # only reached with CUDA tensors in hand, so torch is there
+
+    return torch.cuda.current_stream(ordinal).cuda_stream
+
+
+def follow_current_streams(ordinals):
+    """Orders each GPU's next snapshot copies after the work queued on its current stream."""
+    for ordinal in ordinals:
+        _core.set_cuda_compute_stream(ordinal, _current_stream(ordinal))
+
+
+def stop_following(ordinals):
+    """Forgets the streams: the device must not keep a stream the caller may destroy."""
+    for ordinal in ordinals:
+        _core.set_cuda_compute_stream(ordinal, None)
+
+
+def wait_on_current_streams(ordinals):
+    """Makes each GPU's current stream wait (on the GPU, not the host) for its copies."""
+    for ordinal in ordinals:
+        _core.wait_for_copies_on_stream(ordinal, _current_stream(ordinal))
+
+
+class UpdateWaitHandle:
+    """What ``CheckpointManager.wait_before_update`` returns; ``remove()`` takes the wait off
+    the optimizer's step (and the manager's saves wait right after the copy again)."""
+
+    def __init__(self, manager, optimizer):
+        self._manager = weakref.ref(manager)
+        self._active = True
+        register = getattr(optimizer, "register_step_pre_hook", None)
+        if register is not None:  # torch >= 2.0
+            self._torch_handle = register(self._pre_hook)
+        else:
+            self._torch_handle = None
+            self._wrap_step(optimizer)
+
+    def _pre_hook(self, optimizer, args, kwargs):
+        del optimizer, args, kwargs
+        manager = self._manager()
+        if self._active and manager is not None:
+            manager.wait_for_snapshot_copies()
+
+    def _wrap_step(self, optimizer):
+        # torch before 2.0 has no step pre-hooks: the instance's step runs the hook first. Left
+        # in place by remove() (only switched off), so that wrappers added later (an LR
+        # scheduler's step counter) stay whole.
+        step = optimizer.step
+
+        def step_after_the_copies(*args, **kwargs):
+            self._pre_hook(optimizer, args, kwargs)
+            return step(*args, **kwargs)
+
+        optimizer.step = step_after_the_copies
+
+    def remove(self) -> None:
+        """Takes the hook off; idempotent."""
+        if not self._active:
+            return
+        self._active = False
+        if self._torch_handle is not None:
+            self._torch_handle.remove()
+        manager = self._manager()
+        if manager is not None:
+            manager._update_wait_removed()  # pylint: disable=protected-access
