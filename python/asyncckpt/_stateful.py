@@ -14,6 +14,8 @@ import collections
 import contextlib
 import inspect
 
+from . import _tree
+
 
 def is_stateful(value):
     """True for an object DCP would call state_dict() / load_state_dict() on."""
@@ -39,13 +41,27 @@ def state_dict_of(obj):
     return kept
 
 
-def saveable(value):
+def saveable(value, names=None, active=None):
     """``value`` with every stateful object replaced by its state dict (containers copied only
-    where one is replaced; the caller's state is not changed)."""
+    where one is replaced; the caller's state is not changed). Bounded as the tree's flatten is:
+    a cycle or a state nested too deep is a ValueError, not a RecursionError."""
     if is_stateful(value):
         return state_dict_of(value)
+    if not isinstance(value, (dict, list, tuple)):
+        return value
+    names = [] if names is None else names
+    active = set() if active is None else active
+    _tree.enter_container(value, names, active)
+    try:
+        return _saveable_container(value, names, active)
+    finally:
+        active.discard(id(value))
+
+
+def _saveable_container(value, names, active):
     if isinstance(value, dict):
-        items = [(key, saveable(child)) for key, child in value.items()]
+        items = [(key, saveable(child, names + [str(key)], active))
+                 for key, child in value.items()]
         if all(new is value[key] for key, new in items):
             return value
         out = collections.OrderedDict(items) if type(value) is collections.OrderedDict else (
@@ -54,7 +70,7 @@ def saveable(value):
             out._metadata = value._metadata
         return out
     if type(value) in (list, tuple):
-        items = [saveable(child) for child in value]
+        items = [saveable(child, names + [str(i)], active) for i, child in enumerate(value)]
         if all(new is old for new, old in zip(items, value)):
             return value
         return items if type(value) is list else tuple(items)

@@ -216,7 +216,7 @@ def _dict_key_component(key, names):
 MAX_DEPTH = 100  # containers nested deeper than this are refused (Python's stack is finite)
 
 
-def _enter(value, names, active):
+def enter_container(value, names, active):
     """Checks that a container may be descended into: not deeper than MAX_DEPTH, not a cycle."""
     if len(names) >= MAX_DEPTH:
         raise ValueError(f"the state nests containers deeper than {MAX_DEPTH} levels at "
@@ -230,7 +230,7 @@ def _enter(value, names, active):
 def _flatten(value, names, leaves, allow_arrays=True, active=None):
     active = set() if active is None else active
     if isinstance(value, (dict, list, tuple)):
-        _enter(value, names, active)
+        enter_container(value, names, active)
         try:
             return _flatten_container(value, names, leaves, allow_arrays, active)
         finally:

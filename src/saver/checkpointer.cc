@@ -102,6 +102,8 @@ class Checkpointer::Impl {
 
   Status Prepare(const TensorRegistry& registry, uint64_t reserve_bytes) {
     if (closed_) return Status::FailedPrecondition("the checkpointer is closed");
+    // Preparing announces saves: a deferred start (lock, clean-up, quarantine) happens here.
+    RETURN_IF_ERROR(StartIfDeferred());
     ASSIGN_OR_RETURN(SnapshotPlan plan, PlanSnapshot(registry, core_->engine_options(), "prepare"));
     reserve_bytes_ = std::max(reserve_bytes_, reserve_bytes);
     return PrepareEngine(registry, plan);
