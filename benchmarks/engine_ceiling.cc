@@ -5,7 +5,8 @@
 //
 // Usage: engine_ceiling --dir DIR [--bytes 1GiB] [--threads N] [--tensors 8] [--saves 5]
 //                       [--codecs none,shuffle+zstd] [--level 1] [--chunk_bytes 4MiB]
-//                       [--sink null|posix|uring] [--queue_depth 64] [--files 2] [--json PATH]
+//                       [--sink null|posix|uring] [--queue_depth 64] [--files 2]
+//                       [--max_to_keep 2] [--json PATH]
 //   --dir      where the checkpoint directories, indexes and state file go (tmpfs is best)
 //   --threads  the engine's background_threads and the memcpy's threads; default: the CPUs this
 //              process may run on (run it under `taskset -c 0` for one core)
@@ -53,6 +54,7 @@ struct Options {
   std::string sink = "null";
   unsigned queue_depth = 64;
   uint32_t files = 2;
+  int max_to_keep = 2;
 };
 
 [[noreturn]] void Die(const std::string& why) {
@@ -107,6 +109,8 @@ Options Parse(int argc, char** argv) {
       options.sink = value;
     else if (flag == "--queue_depth")
       options.queue_depth = static_cast<unsigned>(std::stoul(value));
+    else if (flag == "--max_to_keep")
+      options.max_to_keep = std::stoi(value);
     else if (flag == "--files")
       options.files = static_cast<uint32_t>(std::stoul(value));
     else
@@ -223,7 +227,8 @@ CodecResult RunCodec(const Options& options, const std::string& codec,
   engine_options.compression.kind = *kind;
   engine_options.compression.level = options.level;
   if (auto made = fs.create_dirs(dir); !made.ok()) Die(made.message());
-  CheckpointManager manager(&fs, dir, engine_options.basename, 2, 0, SystemClockSeconds);
+  CheckpointManager manager(&fs, dir, engine_options.basename, options.max_to_keep, 0,
+                            SystemClockSeconds);
   if (auto started = manager.Start(); !started.ok()) Die(started.status().ToString());
   std::mutex mu;
   std::vector<SaveStats> done;
