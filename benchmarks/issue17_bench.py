@@ -254,7 +254,8 @@ def markdown(report):
     for t in report["targets"]:
         lines.append(f"| {t['target']} | {t['value']} | {t['goal']} | "
                      f"{'met' if t['met'] else 'MISSED'} | {t['note']} |")
-    lines += ["", "Null-sink ceiling (engine_ceiling, medians of 5 saves after a warm-up):", "",
+    lines += ["", "Null-sink ceiling (engine_ceiling: medians of 5 saves after a warm-up, mean of two runs "
+              "taken in turn):", "",
               "| size | cores | memcpy MB/s | raw MB/s | shuffle+zstd L1 MB/s | stored/raw | "
               "cores used (raw / zstd) | per CPU-second (raw / zstd) |",
               "|---|---|---|---|---|---|---|---|"]
