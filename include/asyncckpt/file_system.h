@@ -56,7 +56,8 @@ struct OpenOptions {
   /// Truncate to zero on open (needs write).
   bool truncate = false;
   /// Ask for O_DIRECT. When the file system refuses it, or keeps files in memory (tmpfs,
-  /// ramfs: nothing to bypass), the file is opened buffered and File::is_direct() says so. Direct files need 4096-aligned buffers, offsets and lengths.
+  /// ramfs: nothing to bypass), the file is opened buffered and File::is_direct() says so. Direct
+  /// files need 4096-aligned buffers, offsets and lengths.
   bool direct = false;
 };
 
