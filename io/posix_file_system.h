@@ -49,9 +49,10 @@ class PosixFile final : public File {
 };
 
 /// Opens `path` with O_CLOEXEC; options.direct adds O_DIRECT, dropped again (is_direct()
-/// false) when the file system answers EINVAL. New files get mode 0666 less the umask.
-/// Opened with O_NONBLOCK and checked with fstat() at once: anything but a regular file is
-/// refused (see FileSystem) before it is read, and O_NONBLOCK is cleared on a regular file.
+/// false) when the file system answers EINVAL or keeps files in memory (tmpfs, ramfs). New files
+/// get mode 0666 less the umask. Opened with O_NONBLOCK and checked with fstat() at once: anything
+/// but a regular file is refused (see FileSystem) before it is read, and O_NONBLOCK is cleared on a
+/// regular file.
 IoStatus OpenPosixFile(const std::string& path, const OpenOptions& options,
                        std::unique_ptr<File>* file);
 

@@ -55,8 +55,9 @@ struct OpenOptions {
   bool create = false;
   /// Truncate to zero on open (needs write).
   bool truncate = false;
-  /// Ask for O_DIRECT. When the file system refuses it, the file is opened buffered and
-  /// File::is_direct() says so. Direct files need 4096-aligned buffers, offsets and lengths.
+  /// Ask for O_DIRECT. When the file system refuses it, or keeps files in memory (tmpfs,
+  /// ramfs: nothing to bypass), the file is opened buffered and File::is_direct() says so. Direct
+  /// files need 4096-aligned buffers, offsets and lengths.
   bool direct = false;
 };
 

@@ -86,6 +86,7 @@ class Engine::Impl {
     RegisterStaging();
     GraphOptions graph_options{.checkpoint_dir = options_.checkpoint_dir,
                                .compression = options_.compression,
+                               .adapt_level = options_.adapt_level,
                                .queue_depth = options_.queue_depth,
                                .threads = threads,
                                .high_priority = options_.high_priority,

@@ -72,6 +72,9 @@ struct EngineOptions {
   uint64_t pack_threshold_bytes = 128 << 10;
   /// Codec and starting level; the engine lowers the level when encoding is the bottleneck.
   CompressionOptions compression;
+  /// Let the engine lower the level (and at last store raw) when encoding is the bottleneck.
+  /// Off only where the level itself is measured (benchmarks/engine_ceiling).
+  bool adapt_level = true;
   /// Pinned staging budget; 0 means one full snapshot of the registry.
   uint64_t staging_bytes = 0;
   /// Ask for O_DIRECT data files.

@@ -4,16 +4,15 @@
 #include <oneapi/tbb/flow_graph.h>
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/task_arena.h>
-#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <mutex>
 #include <thread>
 
+#include "src/engine/engine_threads.h"
 #include "src/format/format.h"
 #include "src/state/commit_checkpoint.h"
 #include "src/state/sharded_commit.h"
@@ -28,13 +27,14 @@ namespace {
 using WriteNode = tbb::flow::async_node<ChunkPtr, SavePtr>;
 using CommitNode = tbb::flow::async_node<SavePtr, tbb::flow::continue_msg>;
 
-// Workers an arena may ask for: oneTBB lends at most max_allowed_parallelism - 1 workers to all
-// arenas together and prints a warning on stderr when one asks for more, which a default
-// background_threads (every core) always did.
-int ArenaWorkers(unsigned threads) {
+// The arena's slots: one reserved for the pump (engine_threads.h), the rest for oneTBB workers.
+// oneTBB lends at most max_allowed_parallelism - 1 workers to all arenas together and prints a
+// warning on stderr when one asks for more, which a default background_threads (every core)
+// always did.
+int ArenaSlots(unsigned threads) {
   const size_t limit =
       tbb::global_control::active_value(tbb::global_control::max_allowed_parallelism);
-  return static_cast<int>(std::clamp<size_t>(limit > 1 ? limit - 1 : 1, 1, threads));
+  return static_cast<int>(std::clamp<size_t>(limit, 1, std::max(1u, threads)));
 }
 
 // One write in flight. Owns what the write reads from, so that its completion releases it.
@@ -49,53 +49,6 @@ struct WriteRequest {
   uint64_t offset = 0;
 };
 
-// The thread that runs commits: fsync and rename sleep in the kernel, which no oneTBB worker
-// may do. One thread, so commits run one at a time in the order they came.
-class CommitThread {
- public:
-  explicit CommitThread(std::function<void(const SavePtr&)> commit)
-      : commit_(std::move(commit)), thread_([this] { Loop(); }) {}
-  ~CommitThread() {
-    {
-      std::lock_guard lock(mu_);
-      stop_ = true;
-    }
-    wake_.notify_one();
-    thread_.join();
-  }
-  void Push(SavePtr save) {
-    {
-      std::lock_guard lock(mu_);
-      queue_.push_back(std::move(save));
-    }
-    wake_.notify_one();
-  }
-
- private:
-  void Loop() {
-    // Named, so that a profile (and a test) can tell commit work from the graph's workers.
-    pthread_setname_np(pthread_self(), kCommitThreadName);
-    std::unique_lock lock(mu_);
-    for (;;) {
-      wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stop_, and nothing left
-      SavePtr save = std::move(queue_.front());
-      queue_.pop_front();
-      lock.unlock();
-      commit_(save);
-      save.reset();
-      lock.lock();
-    }
-  }
-
-  const std::function<void(const SavePtr&)> commit_;
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::deque<SavePtr> queue_;
-  bool stop_ = false;
-  std::thread thread_;  // last: starts once the rest is built
-};
-
 }  // namespace
 
 class SaveGraph::Impl {
@@ -105,13 +58,15 @@ class SaveGraph::Impl {
         fs_(fs),
         manager_(manager),
         on_done_(std::move(on_done)),
-        // No slot is reserved for an outside thread: the graph must run with only workers.
-        arena_(ArenaWorkers(options.threads), 0,
+        // One slot is the pump's: the graph always has a thread of its own, however busy the
+        // training job keeps oneTBB's workers.
+        arena_(ArenaSlots(options.threads), 1,
                options.high_priority ? tbb::task_arena::priority::high
                                      : tbb::task_arena::priority::normal) {}
 
   ~Impl() {
     WaitAll();
+    pump_.reset();
     queue_.reset();  // drains: nothing is in flight any more
     committer_.reset();
     arena_.execute([&] {
@@ -138,6 +93,7 @@ class SaveGraph::Impl {
       commit_->gateway().release_wait();
     });
     arena_.execute([&] { Build(); });
+    pump_ = std::make_unique<ArenaPump>([this] { WaitAll(); });
     return Status::OK();
   }
 
@@ -163,9 +119,13 @@ class SaveGraph::Impl {
     EnqueueInGraph([this, wave = std::move(wave)] {
       for (const auto& msg : wave) encode_->try_put(msg);
     });
+    pump_->Kick();
   }
 
-  void ReleaseHold(const SavePtr& save) { Settle(save, 1); }
+  void ReleaseHold(const SavePtr& save) {
+    Settle(save, 1);
+    pump_->Kick();
+  }
 
   void WaitAll() {
     if (graph_) arena_.execute([&] { graph_->wait_for_all(); });
@@ -230,6 +190,7 @@ class SaveGraph::Impl {
   BufferPool buffers_;
   std::unique_ptr<io::IoQueue> queue_;
   std::unique_ptr<CommitThread> committer_;
+  std::unique_ptr<ArenaPump> pump_;
   tbb::enumerable_thread_specific<codec::Scratch> scratch_;
   std::atomic<int64_t> in_flight_{0};  // changed under flight_mu_, read anywhere
   std::mutex flight_mu_;
@@ -283,7 +244,7 @@ ChunkPtr SaveGraph::Impl::Encode(ChunkPtr msg) {
       if (!copied.ok()) return save.Fail(copied.WithContext(ChunkContext(save, msg->job)));
     }
     if (save.failed) return;
-    if (options_.compression.kind != CompressionKind::kNone) {
+    if (options_.compression.kind != CompressionKind::kNone && options_.adapt_level) {
       // Encoders are the bottleneck when the writers have nothing to do while chunks queue up
       // for encoding: then a cheaper level (and at last raw) finishes the save sooner.
       const int64_t backlog = 2 * static_cast<int64_t>(options_.threads);

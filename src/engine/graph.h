@@ -36,6 +36,8 @@ struct GraphOptions {
   std::string checkpoint_dir;
   /// Codec and starting level.
   CompressionOptions compression;
+  /// EngineOptions::adapt_level.
+  bool adapt_level = true;
   /// Most writes in flight at once, over every file and save.
   unsigned queue_depth = 64;
   /// Background threads: the arena's workers, and the pace of the level heuristic.

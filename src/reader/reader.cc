@@ -298,6 +298,11 @@ class CheckpointReaderImpl final : public CheckpointReader {
       requests.push_back({&ref.name, first, &ref.shape, static_cast<uint8_t*>(ref.data), ref.bytes,
                           !IsShard(ref)});
     }
+    std::vector<std::pair<uint8_t*, uint64_t>> regions;
+    for (const BoxRequest& r : requests) {
+      if (r.dst_bytes > 0) regions.emplace_back(r.dst, r.dst_bytes);
+    }
+    reader::RegisteredDestinations registered(owned_fs_ ? fs_ : nullptr, regions);
     return ReadBoxes(requests);
   }
 

@@ -257,4 +257,21 @@ void RunReadPlan(io::FileSystem& fs, std::span<const DataFileHandles> files,
   runner.Run(fs);
 }
 
+RegisteredDestinations::RegisteredDestinations(
+    io::FileSystem* fs, std::span<const std::pair<uint8_t*, uint64_t>> regions) {
+  if (fs == nullptr || regions.empty() || regions.size() > kMaxRegions) return;
+  constexpr uint64_t kMaxPiece = 1ull << 30;  // io_uring's limit per fixed buffer
+  std::vector<io::IoBuffer> pieces;
+  for (const auto& [data, bytes] : regions) {
+    for (uint64_t offset = 0; offset < bytes; offset += kMaxPiece) {
+      pieces.push_back(io::IoBuffer{data + offset, std::min(kMaxPiece, bytes - offset)});
+    }
+  }
+  if (fs->register_buffers(pieces).ok()) fs_ = fs;
+}
+
+RegisteredDestinations::~RegisteredDestinations() {
+  if (fs_ != nullptr) fs_->unregister_buffers();
+}
+
 }  // namespace asyncckpt::reader

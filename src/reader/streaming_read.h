@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "asyncckpt/file_system.h"
@@ -56,5 +57,26 @@ void RunReadPlan(io::FileSystem& fs, std::span<const DataFileHandles> files,
                  std::span<const Extent> plan,
                  const std::function<uint64_t(const PlannedChunk&)>& chunk_bytes,
                  const StreamOptions& options, const ChunkSink& sink, const ChunkFailed& failed);
+
+/// Host memory a restore reads into, registered with the file system for its lifetime (io_uring
+/// fixed buffers): the pages are faulted in and pinned once, up front, rather than pinned again
+/// by every O_DIRECT read (issue 17's restore profile). Only for a file system the reader owns:
+/// registration replaces whatever was registered before. A failure only costs the speed.
+class RegisteredDestinations {
+ public:
+  /// Registers `regions` (first byte, bytes) with `fs`, in pieces io_uring accepts; nothing
+  /// when fs is null or there are more than kMaxRegions regions.
+  RegisteredDestinations(io::FileSystem* fs,
+                         std::span<const std::pair<uint8_t*, uint64_t>> regions);
+  /// Unregisters.
+  ~RegisteredDestinations();
+  RegisteredDestinations(const RegisteredDestinations&) = delete;
+  RegisteredDestinations& operator=(const RegisteredDestinations&) = delete;
+  /// Most regions registered: each costs a slot of the ring's table (at most 16384) and a pin.
+  static constexpr size_t kMaxRegions = 1024;
+
+ private:
+  io::FileSystem* fs_ = nullptr;  // null: nothing registered
+};
 
 }  // namespace asyncckpt::reader

@@ -12,6 +12,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -693,6 +694,29 @@ TEST(DefaultFileSystemTest, FallsBackToPosixWhenIoUringIsBlocked) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, FileSystemTest, ::testing::Values("posix", "io_uring"),
                          [](const auto& info) { return info.param; });
+
+// On tmpfs O_DIRECT bypasses nothing, and a direct file would be preallocated (every page
+// zeroed up front): such a file is opened buffered.
+TEST(PosixFileSystemMemoryTest, DirectOnTmpfsOpensBuffered) {
+  struct statfs fs;
+  if (::statfs("/dev/shm", &fs) != 0 || fs.f_type != 0x01021994) {
+    GTEST_SKIP() << "/dev/shm is not tmpfs here";
+  }
+  char pattern[] = "/dev/shm/asyncckpt-direct-XXXXXX";
+  ASSERT_NE(::mkdtemp(pattern), nullptr);
+  const std::string path = std::string(pattern) + "/f";
+  auto posix = NewPosixFileSystem();
+  std::unique_ptr<File> file;
+  const IoStatus opened =
+      posix->open(path, OpenOptions{.write = true, .create = true, .direct = true}, &file);
+  ASSERT_TRUE(opened.ok()) << opened.message();
+  EXPECT_FALSE(file->is_direct());
+  EXPECT_EQ(::fcntl(file->fd(), F_GETFL) & O_DIRECT, 0);
+  const char byte = 'x';
+  EXPECT_TRUE(file->write_at(1, &byte, 1).ok());  // unaligned: fine once buffered
+  file.reset();
+  std::filesystem::remove_all(pattern);
+}
 
 }  // namespace
 }  // namespace asyncckpt::io

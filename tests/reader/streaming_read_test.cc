@@ -137,5 +137,53 @@ TEST_F(StreamingReadTest, APersistentFaultFailsEveryChunkOnce) {
   }
 }
 
+// Records what a restore registers, and refuses nothing.
+class RecordingFileSystem final : public io::FileSystemWrapper {
+ public:
+  explicit RecordingFileSystem(io::FileSystem* target) : FileSystemWrapper(target) {}
+  io::IoStatus register_buffers(std::span<const io::IoBuffer> buffers) override {
+    registered.assign(buffers.begin(), buffers.end());
+    ++registrations;
+    return io::IoStatus::Ok();
+  }
+  void unregister_buffers() override { ++unregistrations; }
+  std::vector<io::IoBuffer> registered;
+  int registrations = 0;
+  int unregistrations = 0;
+};
+
+TEST(RegisteredDestinationsTest, RegistersEachRegionInPiecesOfAtMostOneGibForItsLifetime) {
+  auto posix = io::NewPosixFileSystem();
+  RecordingFileSystem fs(posix.get());
+  // Never touched: registration is recorded, not done.
+  auto* base = reinterpret_cast<uint8_t*>(uintptr_t{1} << 40);
+  const std::vector<std::pair<uint8_t*, uint64_t>> regions = {{base, 4096},
+                                                              {base + (8ull << 30), 3ull << 29}};
+  {
+    RegisteredDestinations registered(&fs, regions);
+    EXPECT_EQ(fs.registrations, 1);
+    EXPECT_EQ(fs.unregistrations, 0);
+  }
+  EXPECT_EQ(fs.unregistrations, 1);
+  ASSERT_EQ(fs.registered.size(), 3u);
+  EXPECT_EQ(fs.registered[0].length, 4096u);
+  EXPECT_EQ(fs.registered[1].data, base + (8ull << 30));
+  EXPECT_EQ(fs.registered[1].length, 1ull << 30);
+  EXPECT_EQ(fs.registered[2].data, base + (8ull << 30) + (1ull << 30));
+  EXPECT_EQ(fs.registered[2].length, 1ull << 29);
+}
+
+TEST(RegisteredDestinationsTest, LeavesABorrowedOrCrowdedFileSystemAlone) {
+  auto posix = io::NewPosixFileSystem();
+  RecordingFileSystem fs(posix.get());
+  std::vector<uint8_t> byte(1);
+  { RegisteredDestinations none(nullptr, {{{byte.data(), 1}}}); }
+  std::vector<std::pair<uint8_t*, uint64_t>> many(RegisteredDestinations::kMaxRegions + 1,
+                                                  {byte.data(), 1});
+  { RegisteredDestinations crowded(&fs, many); }
+  EXPECT_EQ(fs.registrations, 0);
+  EXPECT_EQ(fs.unregistrations, 0);
+}
+
 }  // namespace
 }  // namespace asyncckpt::reader

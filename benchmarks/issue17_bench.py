@@ -1,0 +1,311 @@
+#!/usr/bin/python3
+"""Issue 17's targets in one run: the engine at the speed of any sink, each beside its limit.
+
+Run through `scripts/bench --issue17` (which builds first); by hand:
+
+    /usr/bin/python3 benchmarks/issue17_bench.py --build build --bench-dir /work/bench-tmp \
+        --shm-dir /dev/shm/asyncckpt-bench [--sizes 1GiB,4GiB]
+
+Per state size (8 float32 tensors unless said otherwise):
+
+  ceiling   benchmarks/engine_ceiling into a null sink (data-file writes dropped), raw and
+            shuffle+zstd level 1 (level pinned), under `taskset` on 1 core and on every core
+            (background_threads = cores), beside a parallel memcpy of the same bytes on the
+            same cores in the same process; twice each, alternating, averaged; with the CPU
+            the process got (cores used) and the rate per CPU-second
+  tmpfs     train-sim, asynchronous hook, raw, checkpoints on tmpfs; beside fio's buffered
+            write + fsync of the same bytes to the same tmpfs, and each save's memcpy
+  disk      train-sim --saver none, then the asynchronous hook (raw, io_uring) on the disk with
+            the training update running; beside fio's O_DIRECT write and read of the same
+            bytes (io_uring, 1 MiB, QD 16); restore with asyncckpt restore-bench, page cache
+            dropped
+  small     the same with 10,000 tensors: peak RSS against state + staging + 5%
+
+Each ratio is taken against a limit measured in the same run. Writes
+<out>/bench-issue17.{json,md} and prints every target as met or MISSED.
+"""
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run_bench as rb  # noqa: E402  (the same train-sim, restore and summary code)
+
+FIO_QD = 16
+CEILING_REPEATS = 2
+
+
+def engine_ceiling(args, size, cores):
+    out = os.path.join(args.shm_dir, f"ceiling-{cores}.json")
+    cpus = ",".join(str(c) for c in range(cores))
+    cmd = ["taskset", "-c", cpus, os.path.join(args.build, "benchmarks", "engine_ceiling"),
+           "--dir", args.shm_dir, "--bytes", str(size), "--threads", str(cores),
+           "--saves", "5", "--codecs", "none,shuffle+zstd", "--level", "1", "--json", out]
+    r = rb.run(cmd)
+    if r.returncode != 0:
+        raise SystemExit(f"issue17_bench: engine_ceiling failed:\n{r.stdout}{r.stderr[-2000:]}")
+    for line in r.stdout.splitlines():
+        rb.log("    " + line)
+    with open(out) as f:
+        result = json.load(f)
+    result["by_codec"] = {c["codec"]: c for c in result["codecs"]}
+    return result
+
+
+def mean_ceiling(taken):
+    """engine_ceiling's figures averaged over runs (rates, cores used, memcpy)."""
+    out = copy.deepcopy(taken[0])
+    out["runs"] = taken
+    out["memcpy_bytes_per_second"] = statistics.mean(t["memcpy_bytes_per_second"] for t in taken)
+    for codec, c in out["by_codec"].items():
+        for key in ("bytes_per_second", "cores_used", "blocked_seconds"):
+            c[key] = statistics.mean(t["by_codec"][codec][key] for t in taken)
+    return out
+
+
+def fio_job(directory, size, rw, direct):
+    """One fio job over a fresh file in `directory`: MB/s as fio reports it, or None."""
+    target = os.path.join(directory, "fio.dat")
+    engine = ["--ioengine=io_uring", f"--iodepth={FIO_QD}"] if direct else ["--ioengine=psync"]
+    cmd = ["fio", "--name=limit", f"--filename={target}", f"--rw={rw}", "--bs=1M",
+           f"--direct={1 if direct else 0}", f"--size={size}", "--end_fsync=1",
+           "--output-format=json"] + engine
+    r = rb.run(cmd)
+    try:
+        if r.returncode != 0:
+            return None
+        job = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]
+        return float(job[rw]["bw_bytes"])
+    except (ValueError, KeyError, IndexError):
+        return None
+    finally:
+        if rw == "read" or not direct:
+            if os.path.exists(target):
+                os.remove(target)
+
+
+def fio_pair(directory, size):
+    """O_DIRECT write then read of the same file (the read needs the written file)."""
+    return {"write": fio_job(directory, size, "write", True),
+            "read": fio_job(directory, size, "read", True)}
+
+
+def run_train_sim(args, size, tensors, variant, save_steps, steps, tag, bench_dir=None):
+    a = copy.copy(args)
+    if bench_dir:
+        a.bench_dir = bench_dir
+    return rb.train_sim(a, size, tensors, variant, [], steps, save_steps, tag)
+
+
+def persist(m):
+    saves = [s for s in m.get("saves", []) if s.get("ok") and s["seconds_to_durable"]]
+    return statistics.median([s["bytes_raw"] / s["seconds_to_durable"] for s in saves]) \
+        if saves else None
+
+
+def calibrate(args, size, tensors, write_bps, tag, bench_dir=None):
+    """save_steps and steps so that a save is durable, at half the sink's speed, before the
+    next is due (as run_bench does), plus the none run's metrics."""
+    probe = run_train_sim(args, size, tensors, "none", 6, 6, f"{tag}-probe", bench_dir)
+    step_s = max(probe["step_ms_p50"], 1) / 1000
+    interval = 1.0 + 2.0 * size / max(write_bps, 1)
+    save_steps = max(3, int(interval / step_s + 0.999))
+    return save_steps, 4 * save_steps
+
+
+def measure_size(args, size):
+    out = {"ceiling": {}, "tmpfs": {}, "disk": {}, "small": {}}
+    rb.log(f"\n== {rb.size_name(size)}: engine ceiling, null sink")
+    # Alternating 1, all, 1, all: the load of a shared machine drifts within minutes, so each
+    # side gets the mean of two runs taken in turn.
+    runs = {}
+    for _ in range(CEILING_REPEATS):
+        for cores in sorted({1, os.cpu_count()}):
+            runs.setdefault(cores, []).append(engine_ceiling(args, size, cores))
+    for cores, taken in runs.items():
+        out["ceiling"][cores] = mean_ceiling(taken)
+
+    rb.log(f"== {rb.size_name(size)}: tmpfs ({args.shm_dir})")
+    fio_shm = fio_job(args.shm_dir, size, "write", False)
+    rb.log(f"    fio buffered write + fsync {fmt_mb(fio_shm)}")
+    save_steps, steps = calibrate(args, size, 8, fio_shm or 1e9, "shm", args.shm_dir)
+    shm_args = copy.copy(args)
+    shm_args.restore_runs = 1
+    m = run_train_sim(shm_args, size, 8, "async-uring", save_steps, steps, "shm-async",
+                      args.shm_dir)
+    out["tmpfs"] = {"fio_write_bps": fio_shm, "persist_bps": persist(m),
+                    "blocked_over_memcpy": m.get("blocked_over_memcpy_median"),
+                    "blocked_s": m.get("blocked_seconds_per_save_median"),
+                    "memcpy_s": m.get("state_memcpy_seconds"), "save_steps": save_steps}
+    rb.log(f"    async raw: blocked {out['tmpfs']['blocked_s']:.3f} s "
+           f"({out['tmpfs']['blocked_over_memcpy']:.2f} x memcpy), persist "
+           f"{fmt_mb(out['tmpfs']['persist_bps'])}")
+
+    for layout, tensors in (("disk", 8), ("small", 10000)):
+        rb.log(f"== {rb.size_name(size)}: disk ({args.bench_dir}), {tensors} tensors")
+        limit = fio_pair(args.bench_dir, size)
+        rb.log(f"    fio O_DIRECT QD {FIO_QD}: write {fmt_mb(limit['write'])}, "
+               f"read {fmt_mb(limit['read'])}")
+        save_steps, steps = calibrate(args, size, tensors, limit["write"] or 1e9, layout)
+        none = run_train_sim(args, size, tensors, "none", save_steps, steps, f"{layout}-none")
+        m = run_train_sim(args, size, tensors, "async-uring", save_steps, steps,
+                          f"{layout}-async")
+        none_end = run_train_sim(args, size, tensors, "none", save_steps, steps,
+                                 f"{layout}-none-end")
+        none["step_ms_p50"] = statistics.mean([none["step_ms_p50"], none_end["step_ms_p50"]])
+        lim = {"write_limit": limit["write"] or 1, "read_limit": limit["read"] or 1}
+        s = rb.summarize(m, lim, none, save_steps * none["step_ms_p50"] / 1000)
+        s["fio_write_bps"], s["fio_read_bps"] = limit["write"], limit["read"]
+        out[layout] = s
+        rb.log(f"    async raw: persist {fmt_mb(s['persist_bps'])} "
+               f"({fmt(s['persist_over_limit'])} x fio), step p50 "
+               f"{fmt(s.get('step_p50_over_none'), '.3f')} x none, restore "
+               f"{fmt_mb(s['restore_bps'])} ({fmt(s['restore_over_limit'])} x fio), RSS "
+               f"{fmt(s.get('rss_over_budget'))} x budget")
+    return out
+
+
+def fmt(x, spec=".2f"):
+    return "-" if x is None else format(x, spec)
+
+
+def fmt_mb(x):
+    return "-" if not x else f"{x / 1e6:.0f} MB/s"
+
+
+def per_cpu(codec):
+    """MB per CPU-second the process used: the engine's rate with the machine's sharing taken
+    out (the cores it was given, not the cores it asked for)."""
+    used = codec.get("cores_used") or 0
+    return f"{codec['bytes_per_second'] / used / 1e6:.0f} MB/s" if used > 0 else "-"
+
+
+def targets(results):
+    rows = []
+
+    def add(what, value, limit, met, note=""):
+        rows.append({"target": what, "value": value, "goal": limit, "met": bool(met),
+                     "note": note})
+
+    for size_key, r in results.items():
+        cores = sorted(r["ceiling"], key=int)
+        for c in cores:
+            e = r["ceiling"][c]
+            raw = e["by_codec"]["none"]
+            zstd = e["by_codec"]["shuffle+zstd"]
+            used = (f"cores used {raw['cores_used']:.2f} / {zstd['cores_used']:.2f}; per CPU-second "
+                    f"{per_cpu(raw)} / {per_cpu(zstd)}")
+            x = raw["bytes_per_second"] / e["memcpy_bytes_per_second"]
+            add(f"null sink, raw / parallel memcpy, {c} core(s), {size_key}", f"{x:.2f}",
+                ">= 0.50", x >= 0.5, used)
+            per_core = zstd["bytes_per_second"] / int(c) / 1e9
+            add(f"null sink, shuffle+zstd L1 per core, {c} core(s), {size_key}",
+                f"{per_core:.2f} GB/s", ">= 0.40 GB/s", per_core >= 0.4, used)
+        if len(cores) > 1:
+            one, many = r["ceiling"][cores[0]], r["ceiling"][cores[-1]]
+            for codec in ("none", "shuffle+zstd"):
+                a = one["by_codec"][codec]["bytes_per_second"]
+                b = many["by_codec"][codec]["bytes_per_second"]
+                add(f"null sink, {codec}, {cores[-1]} cores / 1 core, {size_key}",
+                    f"{b / a:.2f}", ">= 1.70", b / a >= 1.7,
+                    f"cores used {one['by_codec'][codec]['cores_used']:.2f} -> "
+                    f"{many['by_codec'][codec]['cores_used']:.2f}")
+        t = r["tmpfs"]
+        if t.get("blocked_over_memcpy") is not None:
+            add(f"tmpfs, blocked / memcpy, {size_key}", f"{t['blocked_over_memcpy']:.2f}",
+                "<= 1.20", t["blocked_over_memcpy"] <= 1.2)
+        if t.get("persist_bps") and t.get("fio_write_bps"):
+            x = t["persist_bps"] / t["fio_write_bps"]
+            add(f"tmpfs, persist / fio buffered write + fsync, {size_key}", f"{x:.2f}",
+                ">= 0.80", x >= 0.8, f"{fmt_mb(t['persist_bps'])} / {fmt_mb(t['fio_write_bps'])}")
+        d = r["disk"]
+        if d.get("persist_over_limit") is not None:
+            add(f"disk, update running, persist / fio O_DIRECT write, {size_key}",
+                f"{d['persist_over_limit']:.2f}", ">= 0.90", d["persist_over_limit"] >= 0.9,
+                f"{fmt_mb(d['persist_bps'])} / {fmt_mb(d['fio_write_bps'])}")
+        if d.get("step_p50_over_none") is not None:
+            add(f"disk, step p50 / --saver none, {size_key}", f"{d['step_p50_over_none']:.3f}",
+                "<= 1.05", d["step_p50_over_none"] <= 1.05)
+        if d.get("restore_over_limit") is not None:
+            add(f"restore / fio O_DIRECT read, {size_key}", f"{d['restore_over_limit']:.2f}",
+                ">= 0.95", d["restore_over_limit"] >= 0.95,
+                f"{fmt_mb(d['restore_bps'])} / {fmt_mb(d['fio_read_bps'])}")
+        s = r["small"]
+        if s.get("rss_over_budget") is not None:
+            add(f"10,000 tensors, peak RSS / (state + staging + 5%), {size_key}",
+                f"{s['rss_over_budget']:.2f}", "<= 1.00", s["rss_over_budget"] <= 1.0)
+    return rows
+
+
+def markdown(report):
+    lines = [f"# asyncckpt bench, issue 17 targets, {report['machine']['date']}", "",
+             f"Machine: {rb.describe_machine(report['machine'])}; tmpfs: {report['shm_dir']}.",
+             "The machine's 2 cores were shared with other builds while this ran: the cores used "
+             "column says how much CPU the engine got.", "",
+             f"Command: `{report['command']}`", "",
+             "| target | value | goal | met | beside |", "|---|---|---|---|---|"]
+    for t in report["targets"]:
+        lines.append(f"| {t['target']} | {t['value']} | {t['goal']} | "
+                     f"{'met' if t['met'] else 'MISSED'} | {t['note']} |")
+    lines += ["", "Null-sink ceiling (engine_ceiling: medians of 5 saves after a warm-up, mean of two runs "
+              "taken in turn):", "",
+              "| size | cores | memcpy MB/s | raw MB/s | shuffle+zstd L1 MB/s | stored/raw | "
+              "cores used (raw / zstd) | per CPU-second (raw / zstd) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for size_key, r in report["results"].items():
+        for c, e in sorted(r["ceiling"].items(), key=lambda kv: int(kv[0])):
+            raw, z = e["by_codec"]["none"], e["by_codec"]["shuffle+zstd"]
+            lines.append(f"| {size_key} | {c} | {e['memcpy_bytes_per_second'] / 1e6:.0f} | "
+                         f"{raw['bytes_per_second'] / 1e6:.0f} | {z['bytes_per_second'] / 1e6:.0f}"
+                         f" | {z['stored_over_raw']:.3f} | {raw['cores_used']:.2f} / "
+                         f"{z['cores_used']:.2f} | {per_cpu(raw)} / {per_cpu(z)} |")
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--build", default="build")
+    p.add_argument("--bench-dir", required=True, help="checkpoints on the disk")
+    p.add_argument("--shm-dir", required=True, help="checkpoints on tmpfs")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                 "results", "issue17"))
+    p.add_argument("--sizes", default="1GiB")
+    p.add_argument("--step-ms", type=float, default=100)
+    p.add_argument("--command", default=None)
+    p.add_argument("train_sim_flags", nargs="*")
+    args = p.parse_args()
+    args.cli = os.path.join(args.build, "bin", "asyncckpt")
+    args.restore_runs = 3
+    args.restore_bench = rb.has_restore_bench(args.cli)
+    if not shutil.which("fio"):
+        raise SystemExit("issue17_bench: needs fio (apt-get install fio)")
+    for d in (args.bench_dir, args.shm_dir, args.out):
+        os.makedirs(d, exist_ok=True)
+    report = {"machine": rb.machine(args.bench_dir), "shm_dir": args.shm_dir,
+              "command": args.command or " ".join(sys.argv), "results": {}}
+    rb.log(f"asyncckpt bench, issue 17: {rb.describe_machine(report['machine'])}")
+    started = time.time()
+    for size in [rb.parse_bytes(s) for s in args.sizes.split(",")]:
+        report["results"][rb.size_name(size)] = measure_size(args, size)
+    report["targets"] = targets(report["results"])
+    report["seconds"] = time.time() - started
+    with open(os.path.join(args.out, "bench-issue17.json"), "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    with open(os.path.join(args.out, "bench-issue17.md"), "w") as f:
+        f.write(markdown(report) + "\n")
+    rb.log("\n== targets (issue 17; reported, not asserted)")
+    for t in report["targets"]:
+        rb.log(f"  {'met   ' if t['met'] else 'MISSED'}  {t['target']}: {t['value']} "
+               f"(goal {t['goal']}) {t['note']}")
+    rb.log(f"\nwrote {args.out}/bench-issue17.json, .md in {report['seconds']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

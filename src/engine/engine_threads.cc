@@ -1,0 +1,81 @@
+// The engine's commit thread and arena pump (engine_threads.h).
+
+#include "src/engine/engine_threads.h"
+
+#include <pthread.h>
+
+#include "src/engine/graph.h"
+
+namespace asyncckpt {
+
+CommitThread::CommitThread(std::function<void(const SavePtr&)> commit)
+    : commit_(std::move(commit)), thread_([this] { Loop(); }) {}
+
+CommitThread::~CommitThread() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_one();
+  thread_.join();
+}
+
+void CommitThread::Push(SavePtr save) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(save));
+  }
+  wake_.notify_one();
+}
+
+void CommitThread::Loop() {
+  // Named, so that a profile (and a test) can tell commit work from the graph's workers.
+  pthread_setname_np(pthread_self(), kCommitThreadName);
+  std::unique_lock lock(mu_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_, and nothing left
+    SavePtr save = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    commit_(save);
+    save.reset();
+    lock.lock();
+  }
+}
+
+ArenaPump::ArenaPump(std::function<void()> work)
+    : work_(std::move(work)), thread_([this] { Loop(); }) {}
+
+ArenaPump::~ArenaPump() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_one();
+  thread_.join();
+}
+
+void ArenaPump::Kick() {
+  {
+    std::lock_guard lock(mu_);
+    ++kicks_;
+  }
+  wake_.notify_one();
+}
+
+void ArenaPump::Loop() {
+  pthread_setname_np(pthread_self(), kPumpThreadName);
+  uint64_t seen = 0;
+  std::unique_lock lock(mu_);
+  for (;;) {
+    wake_.wait(lock, [&] { return stop_ || kicks_ != seen; });
+    if (stop_) return;
+    seen = kicks_;
+    lock.unlock();
+    work_();  // returns once the graph is idle; a Kick meanwhile brings it back at once
+    lock.lock();
+  }
+}
+
+}  // namespace asyncckpt
