@@ -29,11 +29,13 @@ int64_t HeapInUse() { return static_cast<int64_t>(::mallinfo2().uordblks); }
 
 // 2,000 saves of a 16 KiB state. After a warm-up of kWarmUp saves (pools, rings, threads, the
 // first checkpoints, a full window of kSaverTotalsWindow stats), the heap in use may grow by at
-// most kBound bytes to the end: 1,500 saves, so a leak of 11 bytes per save or more fails.
+// most kBound bytes to the end: 1,500 saves, so a leak of 44 bytes per save or more fails (the
+// reported growth was about 1 KiB a save). The bound leaves room for one-time allocations that
+// a loaded machine moves past the warm-up (a oneTBB worker's first encode: about 22 KiB).
 // Before kSaverTotalsWindow went from 1000 to 128 it grew by about 340 bytes a save here.
 constexpr int kSaves = 2000;
 constexpr int kWarmUp = 500;
-constexpr int64_t kBound = 16 << 10;
+constexpr int64_t kBound = 64 << 10;
 
 TEST(SaveMemoryTest, TwoThousandAsyncSavesKeepTheHeapFlat) {
   std::string pattern = ::testing::TempDir() + "/save_memory_test-XXXXXX";
