@@ -107,7 +107,6 @@ Result<std::unique_ptr<ShardedSessionCreator>> MakeShardedCreator(const TrainSim
   options.model_basename = config.saver.basename;
   if (config.saver_kind == "sync" || config.saver_kind == "async") {
     options.input_basename = InputCheckpointBasename(InputOptions(config));
-    options.input_state_file = InputStateFileName(InputOptions(config));
   }
   options.allow_fresh_start = config.allow_fresh_start;
   options.init_fn = [model] {
@@ -141,9 +140,12 @@ Result<std::unique_ptr<RecordDatasetIterator>> OpenInput(TrainSimConfig& config,
   return RecordDatasetIterator::Open(config.input);
 }
 
-Result<std::unique_ptr<CheckpointInputPipelineHook>> MakeInputHook(const TrainSimConfig& config,
-                                                                   RecordDatasetIterator* input) {
-  return CheckpointInputPipelineHook::Create(InputOptions(config), input);
+Result<std::unique_ptr<CheckpointInputPipelineHook>> MakeInputHook(
+    const TrainSimConfig& config, RecordDatasetIterator* input,
+    std::function<std::string(int64_t)> restore_basename) {
+  InputPipelineOptions options = InputOptions(config);
+  options.restore_basename = std::move(restore_basename);
+  return CheckpointInputPipelineHook::Create(std::move(options), input);
 }
 
 }  // namespace asyncckpt::cli

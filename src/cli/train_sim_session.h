@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 
 #include "asyncckpt/coordinator.h"
 #include "asyncckpt/hooks.h"
@@ -71,8 +72,10 @@ Result<std::unique_ptr<ShardedSessionCreator>> MakeShardedCreator(const TrainSim
 Result<std::unique_ptr<RecordDatasetIterator>> OpenInput(TrainSimConfig& config,
                                                          Coordinator* coordinator);
 
-/// The hook that checkpoints `input` beside the model.
-Result<std::unique_ptr<CheckpointInputPipelineHook>> MakeInputHook(const TrainSimConfig& config,
-                                                                   RecordDatasetIterator* input);
+/// The hook that checkpoints `input` beside the model; at each session's start it restores
+/// the input checkpoint `restore_basename` names for the starting step (its own when "").
+Result<std::unique_ptr<CheckpointInputPipelineHook>> MakeInputHook(
+    const TrainSimConfig& config, RecordDatasetIterator* input,
+    std::function<std::string(int64_t)> restore_basename);
 
 }  // namespace asyncckpt::cli

@@ -189,7 +189,6 @@ TEST(ShardedSessionCreatorTest, EmptyDirectoryStartsAfreshOnEveryRank) {
     ShardedSessionCreatorOptions options;
     options.checkpoint_dir = dir;
     options.input_basename = "input_worker_" + std::to_string(coordinator.rank()) + ".ckpt";
-    options.input_state_file = "checkpoint_input_worker_" + std::to_string(coordinator.rank());
     options.init_fn = [&inits, &coordinator] {
       ++inits[coordinator.rank()];
       return Status::OK();
