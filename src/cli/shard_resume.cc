@@ -171,6 +171,20 @@ Result<uint32_t> NewestModelWorldSize(const std::string& dir, const std::string&
   return WorldSizes(dir, model_basename).Of(model.back());
 }
 
+Status CheckSameSeed(const std::string& dir, const std::string& model_basename, uint64_t seed) {
+  ASSIGN_OR_RETURN(const std::vector<int64_t> model, CommittedCheckpointSteps(dir, model_basename));
+  if (model.empty()) return Status::OK();
+  const std::string path = dir + "/" + format::CheckpointDirName(model_basename, model.back());
+  ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(path));
+  const auto& user = reader->metadata().user;
+  const auto it = user.find("seed");
+  if (it == user.end() || it->second == std::to_string(seed)) return Status::OK();
+  return Status::FailedPrecondition(
+      path + " was saved with --seed " + it->second + " but this job has --seed " +
+      std::to_string(seed) + ": resuming would continue another run's training with other " +
+      "noise. Give --seed " + it->second + ", or another --checkpoint_dir");
+}
+
 std::vector<std::string> DescribeWorldSizeChange(const ResumePoint& point, uint32_t world_size,
                                                  bool with_input) {
   const uint32_t saved = point.saved_world_size;

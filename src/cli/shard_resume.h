@@ -38,6 +38,10 @@ Result<std::optional<ResumePoint>> NewestResumePoint(const std::string& dir,
 /// The world size of the newest committed model checkpoint in `dir`; 0 when there is none.
 Result<uint32_t> NewestModelWorldSize(const std::string& dir, const std::string& model_basename);
 
+/// OK unless the newest committed model checkpoint in `dir` records a "seed" in its metadata
+/// other than `seed`: then FailedPrecondition naming both (resuming would mix two runs).
+Status CheckSameSeed(const std::string& dir, const std::string& model_basename, uint64_t seed);
+
 /// The basename whose input checkpoint rank `rank` restores from a step saved by
 /// `saved_world_size` ranks: rank `rank % saved_world_size`'s (its own when that is itself).
 std::string InputSourceBasename(uint32_t saved_world_size, uint32_t rank);

@@ -34,6 +34,7 @@
 #include "src/cli/memcpy_yardstick.h"
 #include "src/cli/shard_job.h"
 #include "src/cli/shard_resume.h"
+#include "src/cli/shard_startup.h"
 #include "src/cli/sim_model.h"
 #include "src/cli/train_sim_memory.h"
 #include "src/cli/train_sim_report.h"
@@ -225,6 +226,8 @@ void RemoveOrphans(const TrainSimConfig& config, Coordinator* coordinator, const
 Status CreateSession(const TrainSimConfig& config, std::vector<SessionRunHook*> hooks,
                      Coordinator* coordinator, RunParts& run, RunSummary* summary) {
   SessionCreator* creator = nullptr;
+  RETURN_IF_ERROR(
+      CheckSameSeed(config.saver.checkpoint_dir, config.saver.basename, config.model.seed));
   if (coordinator == nullptr) {
     // A directory a job of several ranks saved last resumes by its rules (docs/distributed.md).
     ASSIGN_OR_RETURN(const uint32_t saved_by,
@@ -433,7 +436,9 @@ Result<TrainSimConfig> CheckedConfig(const ParsedFlags& flags, Coordinator* coor
 
 // The summary on stdout and --metrics_json: the lead rank's report.
 int Report(const TrainSimConfig& config, const RunSummary& summary) {
-  const uint64_t state_bytes = summary.state_bytes;
+  // --shard: the global state, the sum of the ranks' slices (train-sim replicates nothing).
+  uint64_t state_bytes = summary.ranks.empty() ? summary.state_bytes : 0;
+  for (const RankFigures& rank : summary.ranks) state_bytes += rank.shard_bytes;
   PrintSummary(config, summary, state_bytes);
   if (!config.metrics_json.empty()) {
     Status written = WriteMetricsJson(config, summary, state_bytes);
@@ -465,6 +470,19 @@ int TrainSimCommand(int argc, char** argv) {
   }
   const bool lead = coordinator == nullptr || coordinator->rank() == 0;
   auto config = CheckedConfig(flags, coordinator);
+  if (coordinator != nullptr && coordinator->size() > 1) {
+    // Every rank's usage error, and options that differ, reach rank 0, which prints them.
+    Status agreed = AgreeOnConfig(*coordinator, config);
+    if (!agreed.ok()) {
+      if (agreed.code() != StatusCode::kInvalidArgument) {
+        std::fprintf(stderr, "asyncckpt train-sim: rank %d: %s\n", coordinator->rank(),
+                     agreed.message().c_str());
+      } else if (lead) {
+        std::fprintf(stderr, "asyncckpt train-sim: %s\n", agreed.message().c_str());
+      }
+      return kExitUsage;
+    }
+  }
   if (!config.ok()) {
     if (lead) std::fprintf(stderr, "asyncckpt train-sim: %s\n", config.status().message().c_str());
     return kExitUsage;
