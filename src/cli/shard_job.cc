@@ -292,9 +292,10 @@ Status ShardedSessionCreator::Restore(int64_t step) {
 namespace {
 
 // Rank 0's decision, as it travels: ok, a step found, a checkpoint past step 0 exists, the
-// step and the world size that saved it, then rank 0's error message when not ok.
-std::vector<uint8_t> EncodeDecision(const Result<std::optional<ResumePoint>>& point,
-                                    bool any_found) {
+// step and the world size that saved it, then rank 0's error message when not ok, or why no
+// step can be resumed.
+std::vector<uint8_t> EncodeDecision(const Result<std::optional<ResumePoint>>& point, bool any_found,
+                                    const std::string& why_none) {
   std::vector<uint8_t> bytes;
   const bool found = point.ok() && point->has_value();
   Append(bytes, static_cast<uint8_t>(point.ok() ? 1 : 0));
@@ -302,10 +303,8 @@ std::vector<uint8_t> EncodeDecision(const Result<std::optional<ResumePoint>>& po
   Append(bytes, static_cast<uint8_t>(any_found ? 1 : 0));
   Append(bytes, found ? (*point)->step : int64_t{0});
   Append(bytes, found ? (*point)->saved_world_size : uint32_t{0});
-  if (!point.ok()) {
-    const std::string message = point.status().ToString();
-    bytes.insert(bytes.end(), message.begin(), message.end());
-  }
+  const std::string message = point.ok() ? why_none : point.status().ToString();
+  bytes.insert(bytes.end(), message.begin(), message.end());
   return bytes;
 }
 
@@ -327,7 +326,10 @@ Result<ShardedSessionCreator::Decision> ShardedSessionCreator::Decide() {
         point = any.status();
       }
     }
-    bytes = EncodeDecision(point, any_found);
+    const bool none = point.ok() && !point->has_value() && any_found;
+    bytes = EncodeDecision(
+        point, any_found,
+        none ? WhyNoResumePoint(options_.checkpoint_dir, options_.model_basename) : "");
   }
   RETURN_IF_ERROR(coordinator_->broadcast(bytes, 0));
   Decision decision;
@@ -338,11 +340,9 @@ Result<ShardedSessionCreator::Decision> ShardedSessionCreator::Decide() {
       !Take(bytes, &at, &decision.point.saved_world_size)) {
     return Status::Corruption("rank 0 sent a malformed resume decision");
   }
-  if (!ok) {
-    return Status::Unavailable(
-        "rank 0 could not choose the step to resume: " +
-        std::string(bytes.begin() + static_cast<std::ptrdiff_t>(at), bytes.end()));
-  }
+  const std::string text(bytes.begin() + static_cast<std::ptrdiff_t>(at), bytes.end());
+  if (!ok) return Status::Unavailable("rank 0 could not choose the step to resume: " + text);
+  decision.why_none = text;
   decision.found = found != 0;
   decision.any_found = any != 0;
   return decision;
@@ -386,8 +386,8 @@ Result<int64_t> ShardedSessionCreator::create_session() {
     return Status::FailedPrecondition(
         options_.checkpoint_dir + " holds checkpoints past step 0 but no step whose model " +
         "checkpoint and the input checkpoints of every rank of the job that saved it are all " +
-        "committed (" + std::string(with_input ? "an input checkpoint is missing or damaged" : "") +
-        "); starting from step 0 would train over them. Restore without training (--saver none) " +
+        "committed: " + decision.why_none +
+        "; starting from step 0 would train over them. Restore without training (--saver none) " +
         "works on any number of ranks; or allow a fresh start (--allow_fresh_start)");
   }
   if (options_.init_fn) {

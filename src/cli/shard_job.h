@@ -113,6 +113,7 @@ class ShardedSessionCreator final : public SessionCreator {
     bool found = false;      // a step to resume
     bool any_found = false;  // a model checkpoint past step 0 exists
     ResumePoint point;
+    std::string why_none;  // when none is found: why the newest model checkpoint is not one
   };
   Result<Decision> Decide();
   Status Restore(int64_t step);

@@ -140,29 +140,62 @@ std::string InputSourceBasename(uint32_t saved_world_size, uint32_t rank) {
   return WorkerInputBasename(saved, rank % saved);
 }
 
+namespace {
+
+// The input basenames of the ranks of a job of `saved` ranks that have no committed checkpoint
+// of `step`; `inputs` caches each basename's committed steps.
+Result<std::vector<std::string>> MissingInputs(const std::string& dir, int64_t step, uint32_t saved,
+                                               std::map<std::string, std::set<int64_t>>& inputs) {
+  std::vector<std::string> missing;
+  for (uint32_t r = 0; r < saved; ++r) {
+    const std::string basename = WorkerInputBasename(saved, r);
+    auto found = inputs.find(basename);
+    if (found == inputs.end()) {
+      ASSIGN_OR_RETURN(
+          const std::vector<int64_t> steps,
+          CommittedCheckpointSteps(dir, basename, InputStateFileForBasename(basename)));
+      found = inputs.emplace(basename, std::set<int64_t>(steps.begin(), steps.end())).first;
+    }
+    if (!found->second.contains(step)) missing.push_back(basename);
+  }
+  return missing;
+}
+
+}  // namespace
+
 Result<std::optional<ResumePoint>> NewestResumePoint(const std::string& dir,
                                                      const std::string& model_basename,
                                                      bool with_input) {
   ASSIGN_OR_RETURN(const std::vector<int64_t> model, CommittedCheckpointSteps(dir, model_basename));
   WorldSizes worlds(dir, model_basename);
-  std::map<std::string, std::set<int64_t>> inputs;  // each basename's committed steps, listed once
+  std::map<std::string, std::set<int64_t>> inputs;
   for (auto it = model.rbegin(); it != model.rend(); ++it) {
     ASSIGN_OR_RETURN(const uint32_t saved, worlds.Of(*it));
-    bool complete = true;
-    for (uint32_t r = 0; with_input && complete && r < saved; ++r) {
-      const std::string basename = WorkerInputBasename(saved, r);
-      auto found = inputs.find(basename);
-      if (found == inputs.end()) {
-        ASSIGN_OR_RETURN(
-            const std::vector<int64_t> steps,
-            CommittedCheckpointSteps(dir, basename, InputStateFileForBasename(basename)));
-        found = inputs.emplace(basename, std::set<int64_t>(steps.begin(), steps.end())).first;
-      }
-      complete = found->second.contains(*it);
+    if (with_input) {
+      ASSIGN_OR_RETURN(const std::vector<std::string> missing,
+                       MissingInputs(dir, *it, saved, inputs));
+      if (!missing.empty()) continue;
     }
-    if (complete) return std::optional<ResumePoint>(ResumePoint{*it, saved});
+    return std::optional<ResumePoint>(ResumePoint{*it, saved});
   }
   return std::optional<ResumePoint>();
+}
+
+std::string WhyNoResumePoint(const std::string& dir, const std::string& model_basename) {
+  auto model = CommittedCheckpointSteps(dir, model_basename);
+  if (!model.ok() || model->empty()) return "";
+  const int64_t step = model->back();
+  auto saved = WorldSizes(dir, model_basename).Of(step);
+  if (!saved.ok()) return saved.status().ToString();
+  std::map<std::string, std::set<int64_t>> inputs;
+  auto missing = MissingInputs(dir, step, *saved, inputs);
+  if (!missing.ok()) return missing.status().ToString();
+  std::string names;
+  for (const std::string& basename : *missing) {
+    names += (names.empty() ? "" : ", ") + format::CheckpointDirName(basename, step);
+  }
+  return "the newest, " + format::CheckpointDirName(model_basename, step) + ", saved by " +
+         std::to_string(*saved) + " rank(s), has no committed " + names;
 }
 
 Result<uint32_t> NewestModelWorldSize(const std::string& dir, const std::string& model_basename) {

@@ -35,6 +35,10 @@ Result<std::optional<ResumePoint>> NewestResumePoint(const std::string& dir,
                                                      const std::string& model_basename,
                                                      bool with_input);
 
+/// Why the newest committed model checkpoint in `dir` is not a resume point: the input
+/// checkpoints of its ranks it lacks, named. Empty when there is no model checkpoint.
+std::string WhyNoResumePoint(const std::string& dir, const std::string& model_basename);
+
 /// The world size of the newest committed model checkpoint in `dir`; 0 when there is none.
 Result<uint32_t> NewestModelWorldSize(const std::string& dir, const std::string& model_basename);
 
