@@ -205,11 +205,13 @@ Result<uint32_t> NewestModelWorldSize(const std::string& dir, const std::string&
 }
 
 Status CheckSameSeed(const std::string& dir, const std::string& model_basename, uint64_t seed) {
-  ASSIGN_OR_RETURN(const std::vector<int64_t> model, CommittedCheckpointSteps(dir, model_basename));
-  if (model.empty()) return Status::OK();
-  const std::string path = dir + "/" + format::CheckpointDirName(model_basename, model.back());
-  ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(path));
-  const auto& user = reader->metadata().user;
+  // What cannot be read here is left to the session creator, which says what is wrong.
+  auto model = CommittedCheckpointSteps(dir, model_basename);
+  if (!model.ok() || model->empty()) return Status::OK();
+  const std::string path = dir + "/" + format::CheckpointDirName(model_basename, model->back());
+  auto reader = CheckpointReader::Open(path);
+  if (!reader.ok()) return Status::OK();
+  const auto& user = (*reader)->metadata().user;
   const auto it = user.find("seed");
   if (it == user.end() || it->second == std::to_string(seed)) return Status::OK();
   return Status::FailedPrecondition(

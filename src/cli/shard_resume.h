@@ -43,7 +43,8 @@ std::string WhyNoResumePoint(const std::string& dir, const std::string& model_ba
 Result<uint32_t> NewestModelWorldSize(const std::string& dir, const std::string& model_basename);
 
 /// OK unless the newest committed model checkpoint in `dir` records a "seed" in its metadata
-/// other than `seed`: then FailedPrecondition naming both (resuming would mix two runs).
+/// other than `seed`: then FailedPrecondition naming both (resuming would mix two runs). A
+/// directory that cannot be listed or read passes (the session creator reports it).
 Status CheckSameSeed(const std::string& dir, const std::string& model_basename, uint64_t seed);
 
 /// The basename whose input checkpoint rank `rank` restores from a step saved by
