@@ -114,6 +114,7 @@ struct RunParts {
   std::unique_ptr<Coordinator> own_coordinator;  // one process over a sharded job's directory
   std::unique_ptr<CheckpointSessionCreator> single_creator;  // a job of one process
   std::unique_ptr<ShardedSessionCreator> sharded_creator;    // --shard
+  std::unique_ptr<SeedCheckedCreator> seed_checked;          // the one the session calls
   std::unique_ptr<MonitoredSession> session;
 };
 
@@ -226,8 +227,6 @@ void RemoveOrphans(const TrainSimConfig& config, Coordinator* coordinator, const
 Status CreateSession(const TrainSimConfig& config, std::vector<SessionRunHook*> hooks,
                      Coordinator* coordinator, RunParts& run, RunSummary* summary) {
   SessionCreator* creator = nullptr;
-  RETURN_IF_ERROR(
-      CheckSameSeed(config.saver.checkpoint_dir, config.saver.basename, config.model.seed));
   if (coordinator == nullptr) {
     // A directory a job of several ranks saved last resumes by its rules (docs/distributed.md).
     // Unreadable: the one-process creator says what is wrong.
@@ -244,7 +243,8 @@ Status CreateSession(const TrainSimConfig& config, std::vector<SessionRunHook*> 
     ASSIGN_OR_RETURN(run.single_creator, MakeCreator(config, run.model.get()));
     creator = run.single_creator.get();
   }
-  ASSIGN_OR_RETURN(run.session, MonitoredSession::Create(hooks, creator));
+  run.seed_checked = std::make_unique<SeedCheckedCreator>(config, creator);
+  ASSIGN_OR_RETURN(run.session, MonitoredSession::Create(hooks, run.seed_checked.get()));
   summary->start_step = run.session->global_step();
   if (run.sharded_creator) {
     summary->restore_bytes_read = run.sharded_creator->restore_bytes_read();

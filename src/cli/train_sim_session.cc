@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "src/cli/naive_saver.h"
+#include "src/cli/shard_resume.h"
 #include "src/util/status_macros.h"
 
 namespace asyncckpt::cli {
@@ -114,6 +115,11 @@ Result<std::unique_ptr<ShardedSessionCreator>> MakeShardedCreator(const TrainSim
     return Status::OK();
   };
   return ShardedSessionCreator::Create(std::move(options), coordinator, &model->registry());
+}
+
+Result<int64_t> SeedCheckedCreator::create_session() {
+  RETURN_IF_ERROR(CheckSameSeed(dir_, basename_, seed_));
+  return inner_->create_session();
 }
 
 Result<std::unique_ptr<RecordDatasetIterator>> OpenInput(TrainSimConfig& config,

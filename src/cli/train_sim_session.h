@@ -66,6 +66,25 @@ Result<std::unique_ptr<ShardedSessionCreator>> MakeShardedCreator(const TrainSim
                                                                   SimModel* model,
                                                                   Coordinator* coordinator);
 
+/// Refuses another --seed over existing checkpoints (CheckSameSeed), then lets `inner` create
+/// the session. It runs after the hooks' begin(), so a second job is refused for the lock first.
+class SeedCheckedCreator final : public SessionCreator {
+ public:
+  /// `inner` is borrowed and must outlive this creator.
+  SeedCheckedCreator(const TrainSimConfig& config, SessionCreator* inner)
+      : dir_(config.saver.checkpoint_dir),
+        basename_(config.saver.basename),
+        seed_(config.model.seed),
+        inner_(inner) {}
+  /// FailedPrecondition naming both seeds, or what `inner` returns.
+  Result<int64_t> create_session() override;
+
+ private:
+  std::string dir_, basename_;
+  uint64_t seed_;
+  SessionCreator* inner_;
+};
+
 /// Opens the dataset, writing the synthetic one first when it is missing, and sets
 /// config.dataset and config.input.path. With a coordinator, rank 0 alone writes it, and the
 /// others open it after. Collective with a coordinator.
