@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <set>
 #include <utility>
 
 #include "asyncckpt/reader.h"
@@ -245,18 +244,6 @@ Result<std::vector<uint64_t>> GatherValues(Coordinator& coordinator, uint64_t va
     values.push_back(v);
   }
   return values;
-}
-
-std::vector<int64_t> CommonSteps(const std::vector<std::vector<int64_t>>& lists) {
-  if (lists.empty()) return {};
-  std::vector<int64_t> common = lists[0];
-  for (size_t i = 1; i < lists.size(); ++i) {
-    std::vector<int64_t> both;
-    std::set_intersection(common.begin(), common.end(), lists[i].begin(), lists[i].end(),
-                          std::back_inserter(both));
-    common = std::move(both);
-  }
-  return common;
 }
 
 Result<std::unique_ptr<ShardedSessionCreator>> ShardedSessionCreator::Create(

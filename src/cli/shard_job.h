@@ -130,7 +130,4 @@ class ShardedSessionCreator final : public SessionCreator {
   double restore_seconds_ = 0;
 };
 
-/// The steps present in every list (each ascending), ascending.
-std::vector<int64_t> CommonSteps(const std::vector<std::vector<int64_t>>& lists);
-
 }  // namespace asyncckpt::cli

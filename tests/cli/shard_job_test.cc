@@ -1,6 +1,6 @@
 // train-sim --shard's pieces without MPI: the dimension-0 split, a sharded SimModel whose global
 // state does not depend on the number of ranks, and the collectives (global digest, rank 0's
-// value, the agreed step to resume) over a coordinator whose ranks are threads.
+// value, a fresh start agreed by every rank) over a coordinator whose ranks are threads.
 
 #include "src/cli/shard_job.h"
 
@@ -168,13 +168,6 @@ TEST(CollectivesTest, RankZeroValueAndGatherValues) {
     ASSERT_TRUE(values.ok());
     EXPECT_EQ(*values, (std::vector<uint64_t>{100, 101, 102}));
   });
-}
-
-TEST(CommonStepsTest, KeepsOnlyStepsEveryListHas) {
-  EXPECT_EQ(CommonSteps({{0, 10, 20, 30}, {0, 10, 20}, {10, 20, 30}}),
-            (std::vector<int64_t>{10, 20}));
-  EXPECT_TRUE(CommonSteps({{0, 10}, {}}).empty());
-  EXPECT_TRUE(CommonSteps({}).empty());
 }
 
 TEST(ShardedSessionCreatorTest, EmptyDirectoryStartsAfreshOnEveryRank) {
