@@ -6,6 +6,7 @@
 // skipped.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -129,6 +130,11 @@ struct InputPipelineOptions {
   /// there is none), as TensorFlow does, which may pair the model of step S with the input
   /// position of another step.
   bool restore_latest_when_step_missing = false;
+  /// Called at each session's first before_run with the starting step: the basename whose
+  /// checkpoint of that step to restore instead of this worker's own (e.g. another worker's,
+  /// when the job grew and this worker has no input state of its own); "" or unset: its own.
+  /// What it saves afterwards is still its own.
+  std::function<std::string(int64_t start_step)> restore_basename;
 };
 
 /// The basename the options give: "input.ckpt", or "input_<task_type>_<task_id>.ckpt".

@@ -6,11 +6,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <set>
 #include <utility>
 
 #include "asyncckpt/reader.h"
 #include "asyncckpt/state.h"
+#include "src/cli/shard_resume.h"
 #include "src/format/format.h"
 #include "src/util/status_macros.h"
 
@@ -89,13 +89,6 @@ Status CheckDim0Slice(const TensorRef& tensor) {
         tensor.name + "' is not one");
   }
   return Status::OK();
-}
-
-std::vector<uint8_t> EncodeSteps(const std::vector<int64_t>& steps, bool found_any) {
-  std::vector<uint8_t> bytes;
-  Append(bytes, static_cast<uint8_t>(found_any ? 1 : 0));
-  for (int64_t step : steps) Append(bytes, step);
-  return bytes;
 }
 
 double Seconds(std::chrono::steady_clock::duration d) {
@@ -253,18 +246,6 @@ Result<std::vector<uint64_t>> GatherValues(Coordinator& coordinator, uint64_t va
   return values;
 }
 
-std::vector<int64_t> CommonSteps(const std::vector<std::vector<int64_t>>& lists) {
-  if (lists.empty()) return {};
-  std::vector<int64_t> common = lists[0];
-  for (size_t i = 1; i < lists.size(); ++i) {
-    std::vector<int64_t> both;
-    std::set_intersection(common.begin(), common.end(), lists[i].begin(), lists[i].end(),
-                          std::back_inserter(both));
-    common = std::move(both);
-  }
-  return common;
-}
-
 Result<std::unique_ptr<ShardedSessionCreator>> ShardedSessionCreator::Create(
     ShardedSessionCreatorOptions options, Coordinator* coordinator,
     const TensorRegistry* registry) {
@@ -276,17 +257,6 @@ Result<std::unique_ptr<ShardedSessionCreator>> ShardedSessionCreator::Create(
   }
   return std::unique_ptr<ShardedSessionCreator>(
       new ShardedSessionCreator(std::move(options), coordinator, registry));
-}
-
-Result<std::vector<int64_t>> ShardedSessionCreator::LocalCompleteSteps() const {
-  const std::string& dir = options_.checkpoint_dir;
-  ASSIGN_OR_RETURN(std::vector<int64_t> model,
-                   CommittedCheckpointSteps(dir, options_.model_basename));
-  if (options_.input_basename.empty()) return model;
-  ASSIGN_OR_RETURN(
-      std::vector<int64_t> input,
-      CommittedCheckpointSteps(dir, options_.input_basename, options_.input_state_file));
-  return CommonSteps({model, input});
 }
 
 Status ShardedSessionCreator::Restore(int64_t step) {
@@ -306,69 +276,106 @@ Status ShardedSessionCreator::Restore(int64_t step) {
   return Status::OK();
 }
 
+namespace {
+
+// Rank 0's decision, as it travels: ok, a step found, a checkpoint past step 0 exists, the
+// step and the world size that saved it, then rank 0's error message when not ok, or why no
+// step can be resumed.
+std::vector<uint8_t> EncodeDecision(const Result<std::optional<ResumePoint>>& point, bool any_found,
+                                    const std::string& why_none) {
+  std::vector<uint8_t> bytes;
+  const bool found = point.ok() && point->has_value();
+  Append(bytes, static_cast<uint8_t>(point.ok() ? 1 : 0));
+  Append(bytes, static_cast<uint8_t>(found ? 1 : 0));
+  Append(bytes, static_cast<uint8_t>(any_found ? 1 : 0));
+  Append(bytes, found ? (*point)->step : int64_t{0});
+  Append(bytes, found ? (*point)->saved_world_size : uint32_t{0});
+  const std::string message = point.ok() ? why_none : point.status().ToString();
+  bytes.insert(bytes.end(), message.begin(), message.end());
+  return bytes;
+}
+
+}  // namespace
+
+// Rank 0 alone reads the directory, so that every rank resumes the same step even while files
+// change under them. Collective.
+Result<ShardedSessionCreator::Decision> ShardedSessionCreator::Decide() {
+  std::vector<uint8_t> bytes;
+  if (coordinator_->rank() == 0) {
+    const bool with_input = !options_.input_basename.empty();
+    auto point = NewestResumePoint(options_.checkpoint_dir, options_.model_basename, with_input);
+    bool any_found = false;
+    if (point.ok() && !point->has_value()) {
+      auto any = CommittedCheckpointSteps(options_.checkpoint_dir, options_.model_basename);
+      if (any.ok()) {
+        any_found = !any->empty() && any->back() > 0;
+      } else {
+        point = any.status();
+      }
+    }
+    const bool none = point.ok() && !point->has_value() && any_found;
+    bytes = EncodeDecision(
+        point, any_found,
+        none ? WhyNoResumePoint(options_.checkpoint_dir, options_.model_basename) : "");
+  }
+  RETURN_IF_ERROR(coordinator_->broadcast(bytes, 0));
+  Decision decision;
+  uint8_t ok = 0, found = 0, any = 0;
+  size_t at = 0;
+  if (!Take(bytes, &at, &ok) || !Take(bytes, &at, &found) || !Take(bytes, &at, &any) ||
+      !Take(bytes, &at, &decision.point.step) ||
+      !Take(bytes, &at, &decision.point.saved_world_size)) {
+    return Status::Corruption("rank 0 sent a malformed resume decision");
+  }
+  const std::string text(bytes.begin() + static_cast<std::ptrdiff_t>(at), bytes.end());
+  if (!ok) return Status::Unavailable("rank 0 could not choose the step to resume: " + text);
+  decision.why_none = text;
+  decision.found = found != 0;
+  decision.any_found = any != 0;
+  return decision;
+}
+
 Result<int64_t> ShardedSessionCreator::create_session() {
   const bool first = sessions_++ == 0;
   restored_from_.clear();
+  input_source_.clear();
   restore_bytes_read_ = 0;
   restore_seconds_ = 0;
-  // Every rank takes part in the all_gather even when its own listing failed, so that no rank is
-  // left waiting; the failure then reaches every rank as the same decision.
-  auto local = LocalCompleteSteps();
-  const std::vector<int64_t> steps = local.ok() ? *local : std::vector<int64_t>{};
-  bool found_any = !steps.empty();
-  if (local.ok() && !found_any) {
-    ASSIGN_OR_RETURN(auto any,
-                     CommittedCheckpointSteps(options_.checkpoint_dir, options_.model_basename));
-    found_any = !any.empty() && any.back() > 0;
-  }
-  std::vector<uint8_t> mine = EncodeSteps(steps, found_any);
-  mine.insert(mine.begin(), static_cast<uint8_t>(local.ok() ? 0 : 1));
-  ASSIGN_OR_RETURN(auto gathered, coordinator_->all_gather(mine));
-  std::vector<std::vector<int64_t>> lists;
-  bool any_found = false;
-  for (size_t r = 0; r < gathered.size(); ++r) {
-    const std::vector<uint8_t>& bytes = gathered[r];
-    if (bytes.size() < 2 || (bytes.size() - 2) % sizeof(int64_t) != 0) {
-      return Status::Corruption("rank " + std::to_string(r) + " sent a malformed step list");
+  ASSIGN_OR_RETURN(const Decision decision, Decide());
+  const bool with_input = !options_.input_basename.empty();
+  if (decision.found) {
+    const ResumePoint& point = decision.point;
+    const uint32_t rank = static_cast<uint32_t>(coordinator_->rank());
+    const uint32_t size = static_cast<uint32_t>(coordinator_->size());
+    saved_world_size_ = point.saved_world_size;
+    if (with_input) input_source_ = InputSourceBasename(point.saved_world_size, rank);
+    if (rank == 0) {
+      for (const std::string& line : DescribeWorldSizeChange(point, size, with_input)) {
+        std::fprintf(stderr, "train-sim: %s\n", line.c_str());
+      }
     }
-    if (bytes[0] != 0) {
-      if (!local.ok()) return local.status().WithContext("listing the steps to resume");
-      return Status::Unavailable("rank " + std::to_string(r) +
-                                 " could not list its checkpoints to resume from");
-    }
-    any_found = any_found || bytes[1] != 0;
-    std::vector<int64_t> list((bytes.size() - 2) / sizeof(int64_t));
-    if (!list.empty()) {  // an empty vector's data() may be null, which memcpy must not get
-      std::memcpy(list.data(), bytes.data() + 2, list.size() * sizeof(int64_t));
-    }
-    lists.push_back(std::move(list));
-  }
-  const std::vector<int64_t> common = CommonSteps(lists);
-  if (!common.empty()) {
-    const int64_t step = common.back();
     // A failed restore fails every rank: the job cannot go on with some ranks restored.
-    Status restored = Restore(step);
+    Status restored = Restore(point.step);
     ASSIGN_OR_RETURN(auto outcomes, GatherValues(*coordinator_, restored.ok() ? 0 : 1));
     RETURN_IF_ERROR(restored);
     for (size_t r = 0; r < outcomes.size(); ++r) {
       if (outcomes[r] != 0) {
         return Status::Unavailable("rank " + std::to_string(r) + " failed to restore step " +
-                                   std::to_string(step));
+                                   std::to_string(point.step));
       }
     }
     ++restores_;
-    return step;
+    return point.step;
   }
-  // Nothing every rank can resume. A fresh start is fine when nothing past step 0 exists, when
-  // allowed, or when every session so far started afresh (what exists is this job's own).
-  if (any_found && !options_.allow_fresh_start && (first || restores_ > 0)) {
+  // Nothing to resume. A fresh start is fine when nothing past step 0 exists, when allowed, or
+  // when every session so far started afresh (what exists is this job's own).
+  if (decision.any_found && !options_.allow_fresh_start && (first || restores_ > 0)) {
     return Status::FailedPrecondition(
-        options_.checkpoint_dir +
-        " holds checkpoints past step 0 but no step whose model checkpoint and every rank's "
-        "input checkpoint are all committed; starting from step 0 would train over them. A job "
-        "saved on fewer ranks cannot resume training on more (the new ranks have no input "
-        "state); restore without training (--saver none) works on any number. Or allow a "
-        "fresh start (--allow_fresh_start)");
+        options_.checkpoint_dir + " holds checkpoints past step 0 but no step whose model " +
+        "checkpoint and the input checkpoints of every rank of the job that saved it are all " +
+        "committed: " + decision.why_none +
+        "; starting from step 0 would train over them. Restore without training (--saver none) " +
+        "works on any number of ranks; or allow a fresh start (--allow_fresh_start)");
   }
   if (options_.init_fn) {
     RETURN_IF_ERROR(options_.init_fn().WithContext("initialising the state (init_fn)"));

@@ -16,6 +16,7 @@
 #include "asyncckpt/session.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/tensor.h"
+#include "src/cli/shard_resume.h"
 
 namespace asyncckpt::cli {
 
@@ -64,23 +65,22 @@ struct ShardedSessionCreatorOptions {
   std::string checkpoint_dir;
   /// The model's checkpoints, listed in the state file "checkpoint" (written by rank 0).
   std::string model_basename = "model.ckpt";
-  /// This rank's input pipeline basename and state file (InputCheckpointBasename /
-  /// InputStateFileName with task_id = rank): a step is complete for a rank when its model
-  /// checkpoint and this rank's input checkpoint are both committed. Empty: the model alone.
+  /// This rank's input pipeline basename: non-empty when the input is checkpointed beside the
+  /// model, so that a step is complete only when the input checkpoints of every rank of the job
+  /// that saved it are committed too. Empty: the model alone.
   std::string input_basename;
-  /// The input pipeline's state file (with input_basename).
-  std::string input_state_file;
   /// As CheckpointSessionCreatorOptions::allow_fresh_start.
   bool allow_fresh_start = false;
   /// Puts the registry back to the initial state when there is nothing to restore.
   std::function<Status()> init_fn;
 };
 
-/// A SessionCreator for a job of several ranks: each rank lists its complete steps, the ranks
-/// all_gather the lists and every rank restores the newest step complete on all of them, so a
-/// job killed between two ranks' input saves never resumes ranks at different steps. The
-/// restore reads only the chunks that overlap this rank's boxes (CheckpointReader::restore of
-/// a registry of shards). Every rank reaches the same decision, error included (a fresh start
+/// A SessionCreator for a job of any number of ranks: rank 0 picks the newest step whose model
+/// checkpoint and the input checkpoints of every rank of the job that saved it (the world size
+/// the model checkpoint records) are committed, and broadcasts it with that world size; input
+/// checkpoints of other ranks never hold it back. Each rank restores the chunks that overlap its
+/// boxes (CheckpointReader::restore of a registry of shards) and takes the input position
+/// input_source() names. Every rank reaches the same decision, error included (a fresh start
 /// that would train over checkpoints fails on every rank). create_session() is collective.
 class ShardedSessionCreator final : public SessionCreator {
  public:
@@ -93,6 +93,11 @@ class ShardedSessionCreator final : public SessionCreator {
   /// Restores the newest step complete on every rank and returns it; 0 without one.
   Result<int64_t> create_session() override;
 
+  /// The basename of the input checkpoint this rank restores at the step the last
+  /// create_session() returned (InputSourceBasename); empty without one.
+  const std::string& input_source() const { return input_source_; }
+  /// Ranks of the job that saved the step restored last; 0 when it started afresh.
+  uint32_t saved_world_size() const { return saved_world_size_; }
   /// The model checkpoint the last create_session() restored; empty when it started afresh.
   const std::string& restored_from() const { return restored_from_; }
   /// Bytes this rank read from data files in the last restore (0 when it started afresh).
@@ -104,7 +109,13 @@ class ShardedSessionCreator final : public SessionCreator {
   ShardedSessionCreator(ShardedSessionCreatorOptions options, Coordinator* coordinator,
                         const TensorRegistry* registry)
       : options_(std::move(options)), coordinator_(coordinator), registry_(registry) {}
-  Result<std::vector<int64_t>> LocalCompleteSteps() const;
+  struct Decision {
+    bool found = false;      // a step to resume
+    bool any_found = false;  // a model checkpoint past step 0 exists
+    ResumePoint point;
+    std::string why_none;  // when none is found: why the newest model checkpoint is not one
+  };
+  Result<Decision> Decide();
   Status Restore(int64_t step);
 
   ShardedSessionCreatorOptions options_;
@@ -113,11 +124,10 @@ class ShardedSessionCreator final : public SessionCreator {
   int sessions_ = 0;  // create_session() calls so far
   int restores_ = 0;  // of which restored a checkpoint
   std::string restored_from_;
+  std::string input_source_;
+  uint32_t saved_world_size_ = 0;
   uint64_t restore_bytes_read_ = 0;
   double restore_seconds_ = 0;
 };
-
-/// The steps present in every list (each ascending), ascending.
-std::vector<int64_t> CommonSteps(const std::vector<std::vector<int64_t>>& lists);
 
 }  // namespace asyncckpt::cli

@@ -33,6 +33,8 @@
 #include "src/cli/flags.h"
 #include "src/cli/memcpy_yardstick.h"
 #include "src/cli/shard_job.h"
+#include "src/cli/shard_resume.h"
+#include "src/cli/shard_startup.h"
 #include "src/cli/sim_model.h"
 #include "src/cli/train_sim_gpu.h"
 #include "src/cli/train_sim_memory.h"
@@ -111,8 +113,10 @@ struct RunParts {
   std::unique_ptr<SessionRunHook> hook;  // null for --saver none
   std::unique_ptr<CheckpointInputPipelineHook> input_hook;
   std::unique_ptr<MemcpyYardstickHook> yardstick;
+  std::unique_ptr<Coordinator> own_coordinator;  // one process over a sharded job's directory
   std::unique_ptr<CheckpointSessionCreator> single_creator;  // a job of one process
   std::unique_ptr<ShardedSessionCreator> sharded_creator;    // --shard
+  std::unique_ptr<SeedCheckedCreator> seed_checked;          // the one the session calls
   std::unique_ptr<MonitoredSession> session;
 };
 
@@ -168,7 +172,11 @@ Result<std::vector<SessionRunHook*>> MakeHooks(const TrainSimConfig& config, Run
   // The input is checkpointed beside the library's savers only: none saves nothing, and naive
   // stands for a job that saves its tensors and nothing else.
   if (config.saver_kind == "sync" || config.saver_kind == "async") {
-    ASSIGN_OR_RETURN(run.input_hook, MakeInputHook(config, run.input.get()));
+    // The creator, made later, says whose input position this rank resumes.
+    auto source = [&run](int64_t) {
+      return run.sharded_creator ? run.sharded_creator->input_source() : std::string();
+    };
+    ASSIGN_OR_RETURN(run.input_hook, MakeInputHook(config, run.input.get(), source));
   }
   std::vector<SessionRunHook*> hooks;
   if (run.hook) hooks.push_back(run.hook.get());
@@ -201,10 +209,36 @@ void ReportRestore(const TrainSimConfig& config, const RunSummary& summary,
   }
 }
 
+// Rank 0 removes the input checkpoints of ranks this job does not have once their model
+// checkpoints are gone (docs/distributed.md); a failure is reported, never fatal.
+void RemoveOrphans(const TrainSimConfig& config, Coordinator* coordinator, const RunParts& run) {
+  if (!run.input_hook || (coordinator != nullptr && coordinator->rank() != 0)) return;
+  const uint32_t world = coordinator ? static_cast<uint32_t>(coordinator->size()) : 1;
+  auto removed =
+      RemoveOrphanedInputCheckpoints(config.saver.checkpoint_dir, config.saver.basename, world);
+  if (!removed.ok()) {
+    std::fprintf(stderr, "train-sim: WARNING: %s\n", removed.status().ToString().c_str());
+    return;
+  }
+  for (const std::string& name : *removed) {
+    std::fprintf(stderr, "train-sim: removed %s: its rank is not in this job of %u\n", name.c_str(),
+                 world);
+  }
+}
+
 // The creator, and the session it restores (or starts afresh).
 Status CreateSession(const TrainSimConfig& config, std::vector<SessionRunHook*> hooks,
                      Coordinator* coordinator, RunParts& run, RunSummary* summary) {
   SessionCreator* creator = nullptr;
+  if (coordinator == nullptr) {
+    // A directory a job of several ranks saved last resumes by its rules (docs/distributed.md).
+    // Unreadable: the one-process creator says what is wrong.
+    auto saved_by = NewestModelWorldSize(config.saver.checkpoint_dir, config.saver.basename);
+    if (saved_by.ok() && *saved_by > 1) {
+      run.own_coordinator = NewSingleProcessCoordinator();
+      coordinator = run.own_coordinator.get();
+    }
+  }
   if (coordinator != nullptr) {
     ASSIGN_OR_RETURN(run.sharded_creator, MakeShardedCreator(config, run.model.get(), coordinator));
     creator = run.sharded_creator.get();
@@ -212,13 +246,15 @@ Status CreateSession(const TrainSimConfig& config, std::vector<SessionRunHook*> 
     ASSIGN_OR_RETURN(run.single_creator, MakeCreator(config, run.model.get()));
     creator = run.single_creator.get();
   }
-  ASSIGN_OR_RETURN(run.session, MonitoredSession::Create(hooks, creator));
+  run.seed_checked = std::make_unique<SeedCheckedCreator>(config, creator);
+  ASSIGN_OR_RETURN(run.session, MonitoredSession::Create(hooks, run.seed_checked.get()));
   summary->start_step = run.session->global_step();
   if (run.sharded_creator) {
     summary->restore_bytes_read = run.sharded_creator->restore_bytes_read();
     summary->restore_seconds = run.sharded_creator->restore_seconds();
   }
   ReportRestore(config, *summary, coordinator, run);
+  RemoveOrphans(config, coordinator, run);
   return Status::OK();
 }
 
@@ -316,6 +352,7 @@ Status TrainLoop(const TrainSimConfig& config, Coordinator* coordinator, bool le
 // --shard every rank's (collective).
 Status FinishRun(const TrainSimConfig& config, Coordinator* coordinator, bool lead, RunParts& run,
                  RunSummary* summary) {
+  RemoveOrphans(config, run.own_coordinator ? run.own_coordinator.get() : coordinator, run);
   summary->final_step = run.session->global_step();
   summary->recoveries = run.session->recoveries();
   summary->totals = run.totals();
@@ -404,7 +441,9 @@ Result<TrainSimConfig> CheckedConfig(const ParsedFlags& flags, Coordinator* coor
 
 // The summary on stdout and --metrics_json: the lead rank's report.
 int Report(const TrainSimConfig& config, const RunSummary& summary) {
-  const uint64_t state_bytes = summary.state_bytes;
+  // --shard: the global state, the sum of the ranks' slices (train-sim replicates nothing).
+  uint64_t state_bytes = summary.ranks.empty() ? summary.state_bytes : 0;
+  for (const RankFigures& rank : summary.ranks) state_bytes += rank.shard_bytes;
   PrintSummary(config, summary, state_bytes);
   if (!config.metrics_json.empty()) {
     Status written = WriteMetricsJson(config, summary, state_bytes);
@@ -436,6 +475,19 @@ int TrainSimCommand(int argc, char** argv) {
   }
   const bool lead = coordinator == nullptr || coordinator->rank() == 0;
   auto config = CheckedConfig(flags, coordinator);
+  if (coordinator != nullptr && coordinator->size() > 1) {
+    // Every rank's usage error, and options that differ, reach rank 0, which prints them.
+    Status agreed = AgreeOnConfig(*coordinator, config);
+    if (!agreed.ok()) {
+      if (agreed.code() != StatusCode::kInvalidArgument) {
+        std::fprintf(stderr, "asyncckpt train-sim: rank %d: %s\n", coordinator->rank(),
+                     agreed.message().c_str());
+      } else if (lead) {
+        std::fprintf(stderr, "asyncckpt train-sim: %s\n", agreed.message().c_str());
+      }
+      return kExitUsage;
+    }
+  }
   if (!config.ok()) {
     if (lead) std::fprintf(stderr, "asyncckpt train-sim: %s\n", config.status().message().c_str());
     return kExitUsage;

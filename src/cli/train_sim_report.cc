@@ -29,7 +29,12 @@ void PrintSteps(const TrainSimConfig& config, const RunSummary& s, uint64_t stat
   const int64_t saves = t.saves_committed;
   std::printf("steps              %" PRId64 " (from step %" PRId64 " to %" PRId64 ") in %.2f s\n",
               s.final_step - s.start_step, s.start_step, s.final_step, s.wall_seconds);
-  std::printf("state              %s\n", FormatBytes(double(state_bytes)).c_str());
+  std::printf("state              %s", FormatBytes(double(state_bytes)).c_str());
+  for (size_t r = 0; r < s.ranks.size(); ++r) {  // --shard: the global state, each rank's share
+    std::printf("%s%s", r == 0 ? " in all; per rank " : ", ",
+                FormatBytes(double(s.ranks[r].shard_bytes)).c_str());
+  }
+  std::printf("\n");
   std::printf("checkpoints        %" PRId64 " committed, %" PRId64 " failed, %" PRId64
               " skipped, in %s\n",
               saves, t.saves_failed, t.saves_skipped, config.saver.checkpoint_dir.c_str());
@@ -136,7 +141,7 @@ void WriteRunFields(JsonWriter& json, const TrainSimConfig& config, const RunSum
   json.field("loop_seconds_lost", LoopSecondsLost(s));
   json.field("loop_seconds_lost_per_save", LoopSecondsLostPerSave(s));
   json.field("peak_rss_bytes", s.peak_rss_bytes);
-  json.field("memcpy_yardstick_bytes", config.memcpy_yardstick ? state_bytes : uint64_t{0});
+  json.field("memcpy_yardstick_bytes", config.memcpy_yardstick ? s.state_bytes : uint64_t{0});
   json.field("io", config.saver.force_posix_io ? "posix" : "auto");
   json.field("queue_depth", static_cast<int64_t>(config.saver.queue_depth));
   json.field("compression", std::string(CompressionKindName(config.saver.compression.kind)));
@@ -217,9 +222,12 @@ void WriteOutcomeFields(JsonWriter& json, const RunSummary& s) {
 // --shard: every rank's figures.
 void WriteRanks(JsonWriter& json, const RunSummary& s) {
   if (!s.ranks.empty()) {
-    // --shard: the digest above is of the global state; state_bytes and the per-save figures
-    // are rank 0's, and every rank's are here.
+    // --shard: the digest and state_bytes above are of the global state; the per-save
+    // figures are rank 0's, and every rank's are here.
     json.field("world_size", static_cast<int64_t>(s.world_size));
+    json.key("state_bytes_per_rank").begin_array();
+    for (const RankFigures& f : s.ranks) json.value(f.shard_bytes);
+    json.end_array();
     json.key("ranks").begin_array();
     for (size_t r = 0; r < s.ranks.size(); ++r) {
       const RankFigures& f = s.ranks[r];

@@ -12,7 +12,8 @@
 
 namespace asyncckpt::cli {
 
-/// Prints the "== train-sim summary ==" block on stdout. `state_bytes`: this process's state.
+/// Prints the "== train-sim summary ==" block on stdout. `state_bytes`: the job's whole state
+/// (with --shard every rank's slices together; s.ranks has each rank's share).
 void PrintSummary(const TrainSimConfig& config, const RunSummary& s, uint64_t state_bytes);
 
 /// Writes the summary as one JSON object to config.metrics_json; IOError naming the flag when

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "src/cli/naive_saver.h"
+#include "src/cli/shard_resume.h"
 #include "src/util/status_macros.h"
 
 namespace asyncckpt::cli {
@@ -107,7 +108,6 @@ Result<std::unique_ptr<ShardedSessionCreator>> MakeShardedCreator(const TrainSim
   options.model_basename = config.saver.basename;
   if (config.saver_kind == "sync" || config.saver_kind == "async") {
     options.input_basename = InputCheckpointBasename(InputOptions(config));
-    options.input_state_file = InputStateFileName(InputOptions(config));
   }
   options.allow_fresh_start = config.allow_fresh_start;
   options.init_fn = [model] {
@@ -115,6 +115,11 @@ Result<std::unique_ptr<ShardedSessionCreator>> MakeShardedCreator(const TrainSim
     return Status::OK();
   };
   return ShardedSessionCreator::Create(std::move(options), coordinator, &model->registry());
+}
+
+Result<int64_t> SeedCheckedCreator::create_session() {
+  RETURN_IF_ERROR(CheckSameSeed(dir_, basename_, seed_));
+  return inner_->create_session();
 }
 
 Result<std::unique_ptr<RecordDatasetIterator>> OpenInput(TrainSimConfig& config,
@@ -141,9 +146,12 @@ Result<std::unique_ptr<RecordDatasetIterator>> OpenInput(TrainSimConfig& config,
   return RecordDatasetIterator::Open(config.input);
 }
 
-Result<std::unique_ptr<CheckpointInputPipelineHook>> MakeInputHook(const TrainSimConfig& config,
-                                                                   RecordDatasetIterator* input) {
-  return CheckpointInputPipelineHook::Create(InputOptions(config), input);
+Result<std::unique_ptr<CheckpointInputPipelineHook>> MakeInputHook(
+    const TrainSimConfig& config, RecordDatasetIterator* input,
+    std::function<std::string(int64_t)> restore_basename) {
+  InputPipelineOptions options = InputOptions(config);
+  options.restore_basename = std::move(restore_basename);
+  return CheckpointInputPipelineHook::Create(std::move(options), input);
 }
 
 }  // namespace asyncckpt::cli

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 
 #include "asyncckpt/coordinator.h"
 #include "asyncckpt/hooks.h"
@@ -65,14 +66,35 @@ Result<std::unique_ptr<ShardedSessionCreator>> MakeShardedCreator(const TrainSim
                                                                   TrainModel* model,
                                                                   Coordinator* coordinator);
 
+/// Refuses another --seed over existing checkpoints (CheckSameSeed), then lets `inner` create
+/// the session. It runs after the hooks' begin(), so a second job is refused for the lock first.
+class SeedCheckedCreator final : public SessionCreator {
+ public:
+  /// `inner` is borrowed and must outlive this creator.
+  SeedCheckedCreator(const TrainSimConfig& config, SessionCreator* inner)
+      : dir_(config.saver.checkpoint_dir),
+        basename_(config.saver.basename),
+        seed_(config.model.seed),
+        inner_(inner) {}
+  /// FailedPrecondition naming both seeds, or what `inner` returns.
+  Result<int64_t> create_session() override;
+
+ private:
+  std::string dir_, basename_;
+  uint64_t seed_;
+  SessionCreator* inner_;
+};
+
 /// Opens the dataset, writing the synthetic one first when it is missing, and sets
 /// config.dataset and config.input.path. With a coordinator, rank 0 alone writes it, and the
 /// others open it after. Collective with a coordinator.
 Result<std::unique_ptr<RecordDatasetIterator>> OpenInput(TrainSimConfig& config,
                                                          Coordinator* coordinator);
 
-/// The hook that checkpoints `input` beside the model.
-Result<std::unique_ptr<CheckpointInputPipelineHook>> MakeInputHook(const TrainSimConfig& config,
-                                                                   RecordDatasetIterator* input);
+/// The hook that checkpoints `input` beside the model; at each session's start it restores
+/// the input checkpoint `restore_basename` names for the starting step (its own when "").
+Result<std::unique_ptr<CheckpointInputPipelineHook>> MakeInputHook(
+    const TrainSimConfig& config, RecordDatasetIterator* input,
+    std::function<std::string(int64_t)> restore_basename);
 
 }  // namespace asyncckpt::cli

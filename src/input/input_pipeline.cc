@@ -177,6 +177,11 @@ class CheckpointInputPipelineHook::Impl {
     }
     RETURN_IF_ERROR(Restore(path));
     restored_from_ = path;
+    if (path != core_->options().checkpoint_dir + "/" + StartName()) {
+      // Another worker's position: saved as this worker's own at once, so that the step's
+      // set of input checkpoints under this job's workers is complete.
+      return Save(start_step_);
+    }
     core_->schedule().mark(start_step_);
     core_->schedule().mark_saved(start_step_);
     return Status::OK();
@@ -187,7 +192,7 @@ class CheckpointInputPipelineHook::Impl {
   // options ask for TensorFlow's behaviour.
   Result<std::string> CheckpointToRestore() {
     const std::string& dir = core_->options().checkpoint_dir;
-    const std::string exact = dir + "/" + StartName();
+    const std::string exact = dir + "/" + RestoreName();
     io::EntryType type = io::EntryType::kNone;
     RETURN_IF_ERROR(ToStatus(core_->fs()->entry_type(exact, &type, io::Symlinks::kFollow)));
     if (type == io::EntryType::kDirectory) return exact;
@@ -195,7 +200,7 @@ class CheckpointInputPipelineHook::Impl {
     if (!options_.restore_latest_when_step_missing) {
       return Status::FailedPrecondition(
           "the session starts at step " + std::to_string(start_step_) + " but " + dir +
-          " has no input checkpoint " + StartName() +
+          " has no input checkpoint " + RestoreName() +
           "; resuming the input from another step would pair the model with another input "
           "position (restore_latest_when_step_missing allows it)");
     }
@@ -205,6 +210,14 @@ class CheckpointInputPipelineHook::Impl {
     LogLine("no input checkpoint for step " + std::to_string(start_step_) +
             "; restoring the latest one, " + *latest);
     return *latest;
+  }
+
+  // The checkpoint of the starting step to restore: this worker's own, or the one
+  // options_.restore_basename names.
+  std::string RestoreName() const {
+    const std::string other =
+        options_.restore_basename ? options_.restore_basename(start_step_) : std::string();
+    return other.empty() ? StartName() : format::CheckpointDirName(other, start_step_);
   }
 
   std::string StartName() const {

@@ -6,9 +6,12 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "src/util/elapsed.h"
 #include "src/util/io_status.h"
@@ -39,6 +42,60 @@ std::string Seconds(double seconds) {
   char buffer[32];
   std::snprintf(buffer, sizeof(buffer), "%g", seconds);
   return buffer;
+}
+
+// The ranks a job (checkpoint_dir and job token), as one of its ranks sees it, knows dead: one that
+// let a whole timeout pass without a part (or, for rank 0, without an outcome). Every save of that
+// job still waiting, and every later one, fails at once instead of waiting out a timeout of its
+// own.
+class DeadRanks {
+ public:
+  static DeadRanks& Get() {
+    static DeadRanks* ranks = new DeadRanks();  // never destroyed: engines may outlive statics
+    return *ranks;
+  }
+  void Mark(const ShardCommitRequest& request, int rank, const std::string& why) {
+    std::lock_guard lock(mutex_);
+    dead_.try_emplace(Key(request), rank, why);
+  }
+  // The dead rank and why, or (-1, "").
+  std::pair<int, std::string> Find(const ShardCommitRequest& request) const {
+    std::lock_guard lock(mutex_);
+    auto it = dead_.find(Key(request));
+    return it == dead_.end() ? std::pair<int, std::string>(-1, "") : it->second;
+  }
+
+ private:
+  static std::string Key(const ShardCommitRequest& request) {
+    const size_t tmp = request.tmp_name.rfind(".tmp-");
+    // Per observing rank too: the ranks of the tests share one process.
+    return request.checkpoint_dir + "\n" +
+           (tmp == std::string::npos ? request.tmp_name : request.tmp_name.substr(tmp + 5)) + "\n" +
+           std::to_string(request.rank);
+  }
+  mutable std::mutex mutex_;
+  std::map<std::string, std::pair<int, std::string>> dead_;
+};
+
+// The failure of a save of a job with a dead rank, blaming that rank.
+Status KnownDead(const std::pair<int, std::string>& dead) {
+  return Status::Aborted("rank " + std::to_string(dead.first) + " is known to be gone (" +
+                         dead.second + "): no save of this job can commit without it");
+}
+
+// The rank an abort's text blames for a timeout ("rank R sent no part within", or a rank known
+// gone already), or -1.
+int TimedOutRank(const std::string& why) {
+  constexpr std::string_view kNoPart = " sent no part within ";
+  constexpr std::string_view kGone = " is known to be gone";
+  int rank = -1;
+  if (!why.starts_with("rank ") ||
+      (why.find(kNoPart) == std::string::npos && why.find(kGone) == std::string::npos)) {
+    return -1;
+  }
+  const char* begin = why.data() + 5;
+  if (std::from_chars(begin, why.data() + why.size(), rank).ec != std::errc()) return -1;
+  return rank;
 }
 
 // Polls the file system at a pace that starts fast (a commit on a quiet disk takes
@@ -186,10 +243,15 @@ ShardCommitResult Share::Lead(CheckpointManager& manager, const MergeShardPartsF
       if (missing < 0 && names.count(ShardPartFileName(r)) == 0) missing = static_cast<int>(r);
     }
     if (missing < 0) break;
+    if (const auto dead = DeadRanks::Get().Find(request_); dead.first >= 0) {
+      return Abort(dead.first, KnownDead(dead));
+    }
     if (poller.Expired()) {
-      return Abort(missing,
-                   Status::Aborted("rank " + std::to_string(missing) + " sent no part within " +
-                                   Waited() + " (it died, hangs, or is slower than the timeout)"));
+      const std::string why = "rank " + std::to_string(missing) + " sent no part within " +
+                              Waited() + " (it died, hangs, or is slower than the timeout)";
+      DeadRanks::Get().Mark(request_, missing,
+                            "it sent no part of " + request_.final_name + " within " + Waited());
+      return Abort(missing, Status::Aborted(why));
     }
     poller.Sleep();
   }
@@ -272,6 +334,10 @@ ShardCommitResult Share::Follow() {
         blamed = 0;  // a damaged abort file still fails the save
       }
       const std::string why = newline == std::string::npos ? text : text.substr(newline + 1);
+      if (const int gone = TimedOutRank(why); gone > 0) {
+        DeadRanks::Get().Mark(
+            request_, gone, "rank 0 found no part of " + request_.final_name + " from it in time");
+      }
       return {Status::Aborted(why).WithContext(request_.final_name), false, blamed};
     }
     Result<bool> pending = Exists(fs_, tmp_path_);
@@ -286,6 +352,15 @@ ShardCommitResult Share::Follow() {
                   .WithContext(request_.final_name),
               false, 0};
     }
+    if (const auto dead = DeadRanks::Get().Find(request_); dead.first >= 0 && !claimed) {
+      // Withdrawn first, so that rank 0 (if it lives) cannot commit without this rank.
+      if (fs_.remove_file(part).ok()) {
+        PublishFailure(KnownDead(dead));
+        return {KnownDead(dead).WithContext(request_.final_name), false, dead.first};
+      }
+      claimed = true;
+      poller.Restart(request_.timeout_seconds);
+    }
     if (poller.Expired()) {
       if (claimed) {
         return {Status::Aborted("rank 0 took the parts but neither committed nor aborted within " +
@@ -296,6 +371,7 @@ ShardCommitResult Share::Follow() {
       // Withdraw the part: once it is gone rank 0 cannot commit without this rank.
       const io::IoStatus withdrawn = fs_.remove_file(part);
       if (withdrawn.ok()) {
+        DeadRanks::Get().Mark(request_, 0, "it committed no save within " + Seconds(wait) + " s");
         PublishFailure(Status::Aborted("rank " + rank + " gave up waiting for rank 0 after " +
                                        Seconds(wait) + " s"));
         return {Status::Aborted("no commit from rank 0 within " + Seconds(wait) + " s" +
@@ -371,6 +447,17 @@ ShardCommitResult CommitShard(io::FileSystem& fs, CheckpointManager& manager,
                               ShardCommitRequest request, const MergeShardPartsFn& merge) {
   const std::string final_name = request.final_name;
   ShardCommitResult result = Guard(final_name, [&]() -> ShardCommitResult {
+    if (const auto dead = DeadRanks::Get().Find(request); dead.first >= 0) {
+      // Published like any failure, so that a live rank 0 or peer stops waiting too.
+      if (request.rank == 0) {
+        request.data_files.clear();
+        return Share(fs, request).Abort(dead.first, KnownDead(dead));
+      }
+      ShardCommitResult failed =
+          FailShard(fs, std::move(request), KnownDead(dead).WithContext(final_name));
+      failed.failed_rank = dead.first;
+      return failed;
+    }
     Share share(fs, request);
     const Status sealed = share.Seal();
     if (!sealed.ok()) return FailShard(fs, std::move(request), sealed.WithContext(final_name));

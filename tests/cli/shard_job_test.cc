@@ -1,6 +1,6 @@
 // train-sim --shard's pieces without MPI: the dimension-0 split, a sharded SimModel whose global
 // state does not depend on the number of ranks, and the collectives (global digest, rank 0's
-// value, the agreed step to resume) over a coordinator whose ranks are threads.
+// value, a fresh start agreed by every rank) over a coordinator whose ranks are threads.
 
 #include "src/cli/shard_job.h"
 
@@ -170,13 +170,6 @@ TEST(CollectivesTest, RankZeroValueAndGatherValues) {
   });
 }
 
-TEST(CommonStepsTest, KeepsOnlyStepsEveryListHas) {
-  EXPECT_EQ(CommonSteps({{0, 10, 20, 30}, {0, 10, 20}, {10, 20, 30}}),
-            (std::vector<int64_t>{10, 20}));
-  EXPECT_TRUE(CommonSteps({{0, 10}, {}}).empty());
-  EXPECT_TRUE(CommonSteps({}).empty());
-}
-
 TEST(ShardedSessionCreatorTest, EmptyDirectoryStartsAfreshOnEveryRank) {
   const std::string dir =
       (std::filesystem::temp_directory_path() / "shard_job_test_empty").string();
@@ -189,7 +182,6 @@ TEST(ShardedSessionCreatorTest, EmptyDirectoryStartsAfreshOnEveryRank) {
     ShardedSessionCreatorOptions options;
     options.checkpoint_dir = dir;
     options.input_basename = "input_worker_" + std::to_string(coordinator.rank()) + ".ckpt";
-    options.input_state_file = "checkpoint_input_worker_" + std::to_string(coordinator.rank());
     options.init_fn = [&inits, &coordinator] {
       ++inits[coordinator.rank()];
       return Status::OK();

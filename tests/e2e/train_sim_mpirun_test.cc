@@ -2,7 +2,9 @@
 // (label "mpi"; registered only in builds with ASYNCCKPT_MPI): the global state a job ends with
 // does not depend on its number of ranks and equals a one-process run's; a job with one rank
 // SIGKILLed resumes to the digest of an uninterrupted run; a job saved on 4 ranks restores on 1,
-// 2, 3 and 4 ranks bit for bit, each rank reading only the chunks of its slices.
+// 2, 3 and 4 ranks bit for bit, each rank reading only the chunks of its slices; a job that
+// shrinks and grows resumes its newest whole step; start-up errors name their cause at once; a
+// dead rank costs one timeout.
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -256,17 +258,235 @@ INSTANTIATE_TEST_SUITE_P(Victims, TrainSimMpiKillTest,
                            return "Rank" + std::to_string(info.param[0]);
                          });
 
-TEST_F(TrainSimMpiTest, ResumingTrainingOnMoreRanksThanSavedIsAClearError) {
+// `args` with the flag of `flag`'s name set to `flag` ("--name=value"), replaced or added.
+std::vector<std::string> With(std::vector<std::string> args, const std::string& flag) {
+  const std::string name = flag.substr(0, flag.find('=') + 1);
+  for (std::string& arg : args) {
+    if (arg.rfind(name, 0) == 0) {
+      arg = flag;
+      return args;
+    }
+  }
+  args.push_back(flag);
+  return args;
+}
+
+// The input checkpoint directories of worker `worker` in `dir`.
+std::vector<std::string> WorkerInputs(const std::string& dir, int worker) {
+  std::vector<std::string> names;
+  const std::string prefix = "input_worker_" + std::to_string(worker) + ".ckpt-";
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) names.push_back(name);
+  }
+  return names;
+}
+
+TEST_F(TrainSimMpiTest, ShrinkingAndGrowingBackResumesTheNewestStepBitForBit) {
+  // The sequence: 4 ranks to step 60, 2 to 150, 4 again, keeping every checkpoint.
+  auto flags = [&](const std::string& dir, int64_t steps) {
+    return With(With(Flags(dir, steps), "--max_to_keep=0"), "--dataset_records=2000");
+  };
+  JobResult reference = Run({}, flags(Path("reference"), 170), "reference");
+  ASSERT_EQ(reference.exit_code, 0) << reference.err;
+  JobResult four = RunSharded(4, flags(dir_, 60), "four");
+  ASSERT_EQ(four.exit_code, 0) << four.err;
+  JobResult two = RunSharded(2, flags(dir_, 150), "two");
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  EXPECT_EQ(two.metrics.value("start_step", int64_t{0}), 60);
+  EXPECT_NE(two.err.find("the input positions of rank(s) 2, 3, which this job does not have, "
+                         "are dropped"),
+            std::string::npos)
+      << two.err;
+  JobResult again = RunSharded(4, flags(dir_, 170), "again");
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  // Not step 60, where ranks 2 and 3 last saved their own input: 150, which 2 ranks saved whole.
+  EXPECT_EQ(again.metrics.value("start_step", int64_t{0}), 150) << again.err;
+  EXPECT_NE(again.err.find("step 150 was saved by 2 rank(s); this job has 4"), std::string::npos)
+      << again.err;
+  EXPECT_NE(again.err.find("rank 3 has no input state of its own at step 150: it takes rank 1's"),
+            std::string::npos)
+      << again.err;
+  EXPECT_EQ(Digest(again), Digest(reference)) << again.err;
+  // Steps 62 to 150 were not trained over: the checkpoints the 2-rank job saved are its own.
+  auto reader = CheckpointReader::Open(dir_ + "/model.ckpt-100");
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  EXPECT_EQ(reader.value()->world_size(), 2u);
+}
+
+TEST_F(TrainSimMpiTest, GrowingTakesTheInputPositionOfARankThatSaved) {
   JobResult saved = RunSharded(2, Flags(dir_, 10), "saved");
   ASSERT_EQ(saved.exit_code, 0) << saved.out << saved.err;
   JobResult more = RunSharded(4, Flags(dir_, 20), "more");
-  EXPECT_NE(more.exit_code, 0);
-  EXPECT_NE(more.err.find("cannot resume training on more"), std::string::npos) << more.err;
-  // Nothing saved is lost: the 2-rank job's checkpoints are all still there.
+  ASSERT_EQ(more.exit_code, 0) << more.err;
+  EXPECT_EQ(more.metrics.value("start_step", int64_t{0}), 10);
+  EXPECT_EQ(Digest(more), ReferenceDigest(20)) << more.err;
+  // The new ranks save their input position as their own at once: step 10 is whole on 4 ranks.
+  for (int worker : {2, 3}) {
+    auto steps = CommittedSteps(dir_, "input_worker_" + std::to_string(worker) + ".ckpt");
+    EXPECT_NE(std::find(steps.begin(), steps.end(), 20), steps.end()) << worker;
+  }
+}
+
+TEST_F(TrainSimMpiTest, InputCheckpointsOfGoneRanksAreRemovedWithTheirModelCheckpoints) {
+  JobResult four = RunSharded(4, Flags(dir_, 20), "four");
+  ASSERT_EQ(four.exit_code, 0) << four.err;
+  ASSERT_FALSE(WorkerInputs(dir_, 3).empty());
+  // --max_to_keep=3: by step 40 the 4-rank job's model checkpoints are gone, and so are the
+  // input checkpoints of ranks 2 and 3, which nobody else owns.
+  JobResult two = RunSharded(2, Flags(dir_, 40), "two");
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  for (int worker : {2, 3}) {
+    EXPECT_TRUE(WorkerInputs(dir_, worker).empty()) << worker << "\n" << two.err;
+    EXPECT_FALSE(fs::exists(dir_ + "/checkpoint_input_worker_" + std::to_string(worker))) << worker;
+  }
+  EXPECT_NE(two.err.find("removed input_worker_3.ckpt-20"), std::string::npos) << two.err;
+  // The kept ranks' own input checkpoints follow the usual retention.
+  EXPECT_FALSE(WorkerInputs(dir_, 1).empty());
+}
+
+TEST_F(TrainSimMpiTest, OneRankResumesAShardedJobUnderMpirunAndAlone) {
+  const std::string reference = ReferenceDigest(30);
+  ASSERT_FALSE(reference.empty());
+  // mpirun -np 1 --shard over a 2-rank job's checkpoints.
+  JobResult saved = RunSharded(2, Flags(dir_, 20), "saved");
+  ASSERT_EQ(saved.exit_code, 0) << saved.err;
+  JobResult one = RunSharded(1, Flags(dir_, 30), "one");
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_EQ(one.metrics.value("start_step", int64_t{0}), 20) << one.err;
+  EXPECT_EQ(Digest(one), reference) << one.err;
+  EXPECT_NE(one.err.find("the input positions of rank(s) 1, which this job does not have"),
+            std::string::npos)
+      << one.err;
+  // A plain train-sim (no mpirun, no --shard) over a 4-rank job's checkpoints.
+  const std::string plain_dir = Path("plain");
+  JobResult four = RunSharded(4, Flags(plain_dir, 20), "four");
+  ASSERT_EQ(four.exit_code, 0) << four.err;
+  JobResult plain = Run({}, Flags(plain_dir, 30), "plain");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  EXPECT_EQ(plain.metrics.value("start_step", int64_t{0}), 20) << plain.err;
+  EXPECT_EQ(Digest(plain), reference) << plain.err;
+}
+
+TEST_F(TrainSimMpiTest, NoResumableStepNamesTheMissingInputCheckpoint) {
+  JobResult saved = RunSharded(2, Flags(dir_, 10), "saved");
+  ASSERT_EQ(saved.exit_code, 0) << saved.err;
+  for (const std::string& name : WorkerInputs(dir_, 1)) fs::remove_all(dir_ + "/" + name);
+  fs::remove(dir_ + "/checkpoint_input_worker_1");
+  JobResult again = RunSharded(2, Flags(dir_, 20), "again");
+  EXPECT_NE(again.exit_code, 0);
+  EXPECT_NE(again.err.find("model.ckpt-10, saved by 2 rank(s), has no committed "
+                           "input_worker_1.ckpt-10"),
+            std::string::npos)
+      << again.err;
+  EXPECT_EQ(again.err.find("fewer ranks"), std::string::npos) << again.err;
+}
+
+// mpirun running `first` on ranks 0 and 1 and `second` on ranks 2 and 3 (MPMD).
+std::vector<std::string> TwoAndTwo(const std::vector<std::string>& first) {
+  std::vector<std::string> launcher = Mpirun(2);
+  launcher.push_back(testing_support::CliPath());
+  launcher.insert(launcher.end(), first.begin(), first.end());
+  for (const char* arg : {":", "-np", "2"}) launcher.push_back(arg);
+  return launcher;
+}
+
+TEST_F(TrainSimMpiTest, AUsageErrorOnOtherRanksThanZeroIsPrintedAtOnce) {
+  std::vector<std::string> good = Flags(dir_, 10);
+  good.push_back("--shard");
+  std::vector<std::string> bad = With(good, "--model_bytes=banana");
+  const auto start = std::chrono::steady_clock::now();
+  JobResult run = Run(TwoAndTwo(good), bad, "banana");
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("a usage error on ranks 2 and 3: the job ended after %.1f s\n", took);
+  EXPECT_EQ(run.exit_code, 2) << run.err;
+  EXPECT_LT(took, 60) << "the ranks must not wait out the coordination timeout (300 s)";
+  EXPECT_NE(run.err.find("rank 2, 3: bad value for --model_bytes: 'banana'"), std::string::npos)
+      << run.err;
+}
+
+TEST_F(TrainSimMpiTest, OptionsThatDifferAcrossRanksAreNamedAtStartUp) {
+  std::vector<std::string> first = Flags(dir_, 10);
+  first.push_back("--shard");
+  std::vector<std::string> second = With(With(first, "--save_steps=4"), "--steps=12");
+  JobResult run = Run(TwoAndTwo(first), second, "differ");
+  EXPECT_EQ(run.exit_code, 2) << run.err;
+  EXPECT_NE(run.err.find("--steps differs across ranks: rank 0 has 10, rank 2 has 12, rank 3 "
+                         "has 12"),
+            std::string::npos)
+      << run.err;
+  EXPECT_NE(run.err.find("--save_steps differs across ranks: rank 0 has 5, rank 2 has 4"),
+            std::string::npos)
+      << run.err;
+  EXPECT_FALSE(fs::exists(dir_ + "/checkpoint")) << "nothing may be saved";
+}
+
+TEST_F(TrainSimMpiTest, AnotherSeedOverExistingCheckpointsIsRefused) {
+  JobResult saved = RunSharded(2, Flags(dir_, 10), "saved");
+  ASSERT_EQ(saved.exit_code, 0) << saved.err;
+  JobResult other = RunSharded(2, With(Flags(dir_, 20), "--seed=7"), "other");
+  EXPECT_NE(other.exit_code, 0);
+  EXPECT_NE(other.err.find("was saved with --seed 42 but this job has --seed 7"), std::string::npos)
+      << other.err;
   auto latest = LatestCheckpoint(dir_);
-  ASSERT_TRUE(latest.ok()) << latest.status().ToString();
+  ASSERT_TRUE(latest.ok());
   EXPECT_NE(latest->find("model.ckpt-10"), std::string::npos) << *latest;
 }
+
+TEST_F(TrainSimMpiTest, SummaryReportsTheGlobalStateWithEachRanksShare) {
+  JobResult run = RunSharded(2, Flags(dir_, 5), "state");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(run.metrics.value("state_bytes", uint64_t{0}), 786492u);
+  ASSERT_TRUE(run.metrics.contains("state_bytes_per_rank"));
+  uint64_t sum = 0;
+  for (const Json& share : run.metrics["state_bytes_per_rank"]) sum += share.get<uint64_t>();
+  EXPECT_EQ(sum, 786492u);
+  EXPECT_NE(run.out.find("state              768.1 KiB in all; per rank 384.0 KiB, 384.0 KiB"),
+            std::string::npos)
+      << run.out;
+}
+
+// A rank SIGKILLed under a launcher that lets the others go on (Open MPI's
+// orte_enable_recovery): the survivors fail the pending and later saves at once and exit
+// within one coordination timeout of the kill (two when the dead rank is rank 0, the
+// committer), not one per queued save.
+class TrainSimMpiDeadRankTest : public TrainSimMpiTest,
+                                public ::testing::WithParamInterface<int> {};
+
+TEST_P(TrainSimMpiDeadRankTest, SurvivorsExitWithinTheDocumentedTimeout) {
+  constexpr int kTimeout = 3;
+  std::vector<std::string> launcher = Mpirun(4);
+  launcher.insert(launcher.end() - 2, {"--mca", "orte_enable_recovery", "1"});
+  std::vector<std::string> args = With(With(Flags(dir_, 2000), "--dataset_records=20000"),
+                                       "--coordination_timeout_secs=" + std::to_string(kTimeout));
+  args.push_back("--step_ms=10");
+  args.push_back("--shard");
+  CliProcess job(launcher, args, Path("dead.out"), Path("dead.err"));
+  ASSERT_TRUE(job.started());
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  while (job.Running() && !fs::exists(dir_ + "/model.ckpt-10") &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  auto pid = RankPid(job.err(), GetParam());
+  ASSERT_TRUE(pid.has_value()) << job.err();
+  ASSERT_EQ(::kill(*pid, SIGKILL), 0);
+  const auto killed = std::chrono::steady_clock::now();
+  ASSERT_TRUE(job.WaitFor(std::chrono::seconds(120)).has_value()) << job.err();
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  const double bound = (GetParam() == 0 ? 2 : 1) * kTimeout + 4;
+  std::printf("rank %d killed: the job ended %.1f s later (timeout %d s)\n", GetParam(), took,
+              kTimeout);
+  EXPECT_LT(took, bound) << job.err();
+  EXPECT_NE(job.err().find("is known to be gone"), std::string::npos) << job.err();
+}
+
+INSTANTIATE_TEST_SUITE_P(Victims, TrainSimMpiDeadRankTest, ::testing::Values(2, 0),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return "Rank" + std::to_string(info.param);
+                         });
 
 TEST_F(TrainSimMpiTest, SavedOnFourRanksRestoresOnOneToFourRanksBitForBit) {
   // 4 KiB chunks: a rank's boundary chunks, read for a neighbour's rows too, stay small.

@@ -194,6 +194,33 @@ TEST_F(ShardedCommitTest, AMissingRankMakesEveryOtherRankFailWithinTheTimeout) {
   EXPECT_FALSE(fs::exists(dir_ + "/model.ckpt-7"));
 }
 
+TEST_F(ShardedCommitTest, ARankKnownGoneFailsEveryLaterSaveAtOnce) {
+  auto first = RunRanks({Committer(0, 3, 0.3), Committer(1, 3, 30)});
+  ASSERT_EQ(first[0].failed_rank, 2) << first[0].status.ToString();
+  ASSERT_EQ(first[1].failed_rank, 2) << first[1].status.ToString();
+  // The next save of the same job: rank 0 knows from its own wait, rank 1 from rank 0's abort.
+  auto next = [this](uint32_t rank) {
+    return [this, rank] {
+      ShardCommitRequest request = Prepare(*posix_, rank, 3, 30);
+      request.final_name = "model.ckpt-8";
+      request.tmp_name = ShardedTempDirName("model.ckpt-8", kToken);
+      const io::IoStatus made = posix_->create_dir(dir_ + "/" + request.tmp_name);
+      EXPECT_TRUE(made.ok() || made.error_number() == EEXIST) << made.message();
+      return CommitShard(*posix_, *manager_, std::move(request), Concatenate);
+    };
+  };
+  const auto start = SteadyClock::now();
+  auto results = RunRanks({next(0), next(1)});
+  EXPECT_LT(SecondsSince(start), 5) << "a known-gone rank must not cost another 30 s timeout";
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_FALSE(results[r].committed) << r;
+    EXPECT_EQ(results[r].failed_rank, 2) << r << ": " << results[r].status.ToString();
+    EXPECT_NE(results[r].status.message().find("rank 2 is known to be gone"), std::string::npos)
+        << results[r].status.ToString();
+  }
+  EXPECT_FALSE(fs::exists(dir_ + "/model.ckpt-8"));
+}
+
 TEST_F(ShardedCommitTest, WithoutRankZeroTheOthersTimeOutWithAClearError) {
   const double timeout = 0.3;
   const auto start = SteadyClock::now();
