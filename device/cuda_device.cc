@@ -113,13 +113,20 @@ Result<std::shared_ptr<CudaDeviceImpl>> CudaDeviceImpl::Open(int ordinal) {
   if ((err = cudaStreamCreateWithFlags(&stream, cudaStreamDefault)) != cudaSuccess) {
     return CudaError(err, "creating the copy stream");
   }
-  return std::shared_ptr<CudaDeviceImpl>(new CudaDeviceImpl(ordinal, stream));
+  cudaStream_t ordered = nullptr;
+  if ((err = cudaStreamCreateWithFlags(&ordered, cudaStreamNonBlocking)) != cudaSuccess) {
+    cudaStreamDestroy(stream);
+    return CudaError(err, "creating the stream-ordered copy stream");
+  }
+  return std::shared_ptr<CudaDeviceImpl>(new CudaDeviceImpl(ordinal, stream, ordered));
 }
 
 CudaDeviceImpl::~CudaDeviceImpl() {
   ScopedDevice on(ordinal_);
-  cudaStreamSynchronize(AsStream(copy_stream_));
-  cudaStreamDestroy(AsStream(copy_stream_));
+  for (void* stream : {copy_stream_, ordered_stream_}) {
+    cudaStreamSynchronize(AsStream(stream));
+    cudaStreamDestroy(AsStream(stream));
+  }
 }
 
 CudaDeviceImpl::PinnedAllocation CudaDeviceImpl::DefaultAllocation(size_t bytes) {
@@ -232,13 +239,14 @@ Status CudaDeviceImpl::OrderAfterComputeLocked() {
   cudaError_t err = cudaEventCreateWithFlags(&ready, cudaEventDisableTiming);
   if (err != cudaSuccess) return CudaError(err, "cudaEventCreate");
   err = cudaEventRecord(ready, AsStream(compute_stream_));
-  if (err == cudaSuccess) err = cudaStreamWaitEvent(AsStream(copy_stream_), ready, 0);
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(AsStream(ordered_stream_), ready, 0);
   cudaEventDestroy(ready);
   return err == cudaSuccess ? Status::OK()
                             : CudaError(err, "ordering the copy after the compute stream");
 }
 
-Status CudaDeviceImpl::EnqueueLocked(void* device, void* host, size_t bytes, bool to_host) {
+Status CudaDeviceImpl::EnqueueLocked(void* stream, void* device, void* host, size_t bytes,
+                                     bool to_host) {
   const auto dst = reinterpret_cast<uintptr_t>(host);
   size_t piece = bytes;  // one copy, unless dst lies in a parallel-pinned buffer
   uintptr_t base = dst;
@@ -258,11 +266,10 @@ Status CudaDeviceImpl::EnqueueLocked(void* device, void* host, size_t bytes, boo
     const size_t length = std::min(bytes - done, room);
     void* on_host = reinterpret_cast<void*>(at);
     void* on_device = static_cast<uint8_t*>(device) + done;
-    const cudaError_t err = to_host
-                                ? cudaMemcpyAsync(on_host, on_device, length,
-                                                  cudaMemcpyDeviceToHost, AsStream(copy_stream_))
-                                : cudaMemcpyAsync(on_device, on_host, length,
-                                                  cudaMemcpyHostToDevice, AsStream(copy_stream_));
+    const cudaError_t err =
+        to_host
+            ? cudaMemcpyAsync(on_host, on_device, length, cudaMemcpyDeviceToHost, AsStream(stream))
+            : cudaMemcpyAsync(on_device, on_host, length, cudaMemcpyHostToDevice, AsStream(stream));
     if (err != cudaSuccess) {
       return CudaError(
           err, to_host ? "cudaMemcpyAsync device to host" : "cudaMemcpyAsync host to device");
@@ -284,23 +291,24 @@ Result<std::unique_ptr<CopyFence>> CudaDeviceImpl::copy_regions_to_host_async(
   std::lock_guard lock(mutex_);
   Status status = OrderAfterComputeLocked();
   if (!status.ok()) return status;
+  void* stream = SnapshotStreamLocked();
   for (const CopyRegion& region : regions) {
     if (region.bytes == 0) continue;
     // The device side is only read: the const is cast away for EnqueueLocked's two directions.
-    status = EnqueueLocked(const_cast<void*>(region.device_src), region.host_dst, region.bytes,
-                           /*to_host=*/true);
+    status = EnqueueLocked(stream, const_cast<void*>(region.device_src), region.host_dst,
+                           region.bytes, /*to_host=*/true);
     if (!status.ok()) break;
   }
   cudaEvent_t done = nullptr;
   cudaError_t err = cudaSuccess;
   if (status.ok() &&
       (err = cudaEventCreateWithFlags(&done, cudaEventDisableTiming)) == cudaSuccess &&
-      (err = cudaEventRecord(done, AsStream(copy_stream_))) == cudaSuccess) {
+      (err = cudaEventRecord(done, AsStream(stream))) == cudaSuccess) {
     return std::unique_ptr<CopyFence>(std::make_unique<CudaFence>(ordinal_, done));
   }
   if (done != nullptr) cudaEventDestroy(done);
   // The caller frees host_dst on failure: the copies already queued must not land in it later.
-  cudaStreamSynchronize(AsStream(copy_stream_));
+  cudaStreamSynchronize(AsStream(stream));
   if (!status.ok()) return status;
   return CudaError(err, "recording the completion of a device copy on " + name());
 }
@@ -318,7 +326,8 @@ Result<std::unique_ptr<CopyFence>> CudaDeviceImpl::copy_from_host_async(const vo
   ScopedDevice on(ordinal_);
   std::lock_guard lock(mutex_);
   // The host side is only read: the const is cast away for EnqueueLocked's two directions.
-  Status status = EnqueueLocked(device_dst, const_cast<void*>(host_src), bytes, /*to_host=*/false);
+  Status status = EnqueueLocked(copy_stream_, device_dst, const_cast<void*>(host_src), bytes,
+                                /*to_host=*/false);
   if (!status.ok()) {
     cudaStreamSynchronize(AsStream(copy_stream_));
     return status;
@@ -346,13 +355,17 @@ Status CudaDeviceImpl::wait_for_copies_on_compute_stream() {
   if (compute_stream_ == nullptr) {
     return Status::FailedPrecondition("stream-ordered mode needs a compute stream");
   }
-  cudaEvent_t done = nullptr;
-  cudaError_t err = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
-  if (err != cudaSuccess) return CudaError(err, "cudaEventCreate");
-  err = cudaEventRecord(done, AsStream(copy_stream_));
-  if (err == cudaSuccess) err = cudaStreamWaitEvent(AsStream(compute_stream_), done, 0);
-  cudaEventDestroy(done);
-  return err == cudaSuccess ? Status::OK() : CudaError(err, "ordering compute after the copies");
+  // Both streams: a snapshot taken while no compute stream was set went on the blocking one.
+  for (void* stream : {ordered_stream_, copy_stream_}) {
+    cudaEvent_t done = nullptr;
+    cudaError_t err = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    if (err != cudaSuccess) return CudaError(err, "cudaEventCreate");
+    err = cudaEventRecord(done, AsStream(stream));
+    if (err == cudaSuccess) err = cudaStreamWaitEvent(AsStream(compute_stream_), done, 0);
+    cudaEventDestroy(done);
+    if (err != cudaSuccess) return CudaError(err, "ordering compute after the copies");
+  }
+  return Status::OK();
 }
 
 }  // namespace asyncckpt

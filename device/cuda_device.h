@@ -60,18 +60,27 @@ class CudaDeviceImpl final : public Device {
   void set_compute_stream(void* stream);
 
  private:
-  CudaDeviceImpl(int ordinal, void* copy_stream) : ordinal_(ordinal), copy_stream_(copy_stream) {}
+  CudaDeviceImpl(int ordinal, void* copy_stream, void* ordered_stream)
+      : ordinal_(ordinal), copy_stream_(copy_stream), ordered_stream_(ordered_stream) {}
   Result<PinnedBuffer> AllocateHostAlloc(size_t rounded, size_t bytes);
   Result<PinnedBuffer> AllocateParallel(size_t rounded, size_t bytes);
-  // Enqueues one copy between `device` memory and `host` memory on the copy stream (to the host
+  // The stream a device-to-host copy goes on now: ordered_stream_ while a compute stream is set
+  // (ordered by event), else the blocking copy_stream_. mutex_ held.
+  void* SnapshotStreamLocked() const { return compute_stream_ ? ordered_stream_ : copy_stream_; }
+  // Enqueues one copy between `device` memory and `host` memory on `stream` (to the host
   // when `to_host`), split where the host side crosses pieces of a parallel-pinned buffer (a
   // copy must stay inside one registration). mutex_ held.
-  Status EnqueueLocked(void* device, void* host, size_t bytes, bool to_host);
+  Status EnqueueLocked(void* stream, void* device, void* host, size_t bytes, bool to_host);
   // Makes the copy stream wait for the compute stream's work so far, if one is set. mutex_ held.
   Status OrderAfterComputeLocked();
 
   int ordinal_;
+  // Blocking (ordered after the legacy default stream): copies with no compute stream, restores.
   void* copy_stream_;
+  // Non-blocking: stream-ordered copies, which an event orders after the compute stream. A
+  // blocking stream here would also make the legacy default stream (torch's default) wait for
+  // every copy, so forward and backward could not overlap it.
+  void* ordered_stream_;
   std::mutex mutex_;  // guards compute_stream_ and ordering of enqueues
   void* compute_stream_ = nullptr;
   // Parallel-pinned buffers: first byte -> (end, piece bytes). Shared with their buffers'

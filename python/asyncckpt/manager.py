@@ -236,8 +236,8 @@ class CheckpointManager:
     def wait_before_update(self, optimizer: Any) -> "_streams.UpdateWaitHandle":
         """Registers an ``optimizer.step()`` pre-hook that calls ``wait_for_snapshot_copies``:
         the forward and backward passes after a stream-ordered save only read the parameters,
-        so the copy can overlap them (on a side stream: CUDA's legacy default stream waits for
-        the copy stream), and only the update waits. Returns a handle; its ``remove()`` takes
+        so the copy (on a non-blocking stream of the device's own) can overlap them, and only
+        the update waits. Returns a handle; its ``remove()`` takes
         the hook off. Harmless without stream-ordered copies."""
         handle = _streams.UpdateWaitHandle(self, optimizer)
         self._update_waits += 1
