@@ -11,7 +11,7 @@
 //   --threads  the engine's background_threads and the memcpy's threads; default: the CPUs this
 //              process may run on (run it under `taskset -c 0` for one core)
 //   --sink     null (the default): the ceiling; posix or uring: the same saves into DIR's own
-//              file system (the tmpfs variant of scripts/bench --issue17)
+//              file system (the tmpfs variant of scripts/bench --sinks)
 // Per codec: the median over --saves saves (after one warm-up) of bytes / seconds to durable,
 // with the level pinned (EngineOptions::adapt_level off), so that shuffle+zstd is measured at
 // --level and not at whatever the engine falls back to when encoding is the bottleneck.

@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """Issue 17's targets in one run: the engine at the speed of any sink, each beside its limit.
 
-Run through `scripts/bench --issue17` (which builds first); by hand:
+Run through `scripts/bench --sinks` (which builds first); by hand:
 
-    /usr/bin/python3 benchmarks/issue17_bench.py --build build --bench-dir /work/bench-tmp \
+    /usr/bin/python3 benchmarks/sink_bench.py --build build --bench-dir /work/bench-tmp \
         --shm-dir /dev/shm/asyncckpt-bench [--sizes 1GiB,4GiB]
 
 Per state size (8 float32 tensors unless said otherwise):
@@ -22,7 +22,7 @@ Per state size (8 float32 tensors unless said otherwise):
   small     the same with 10,000 tensors: peak RSS against state + staging + 5%
 
 Each ratio is taken against a limit measured in the same run. Writes
-<out>/bench-issue17.{json,md} and prints every target as met or MISSED.
+<out>/bench-sinks.{json,md} and prints every target as met or MISSED.
 """
 
 import argparse
@@ -50,7 +50,7 @@ def engine_ceiling(args, size, cores):
            "--saves", "5", "--codecs", "none,shuffle+zstd", "--level", "1", "--json", out]
     r = rb.run(cmd)
     if r.returncode != 0:
-        raise SystemExit(f"issue17_bench: engine_ceiling failed:\n{r.stdout}{r.stderr[-2000:]}")
+        raise SystemExit(f"sink_bench: engine_ceiling failed:\n{r.stdout}{r.stderr[-2000:]}")
     for line in r.stdout.splitlines():
         rb.log("    " + line)
     with open(out) as f:
@@ -245,7 +245,7 @@ def targets(results):
 
 
 def markdown(report):
-    lines = [f"# asyncckpt bench, issue 17 targets, {report['machine']['date']}", "",
+    lines = [f"# asyncckpt bench, the engine at the speed of any sink, {report['machine']['date']}", "",
              f"Machine: {rb.describe_machine(report['machine'])}; tmpfs: {report['shm_dir']}.",
              "The machine's 2 cores were shared with other builds while this ran: the cores used "
              "column says how much CPU the engine got.", "",
@@ -275,7 +275,7 @@ def main():
     p.add_argument("--bench-dir", required=True, help="checkpoints on the disk")
     p.add_argument("--shm-dir", required=True, help="checkpoints on tmpfs")
     p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                 "results", "issue17"))
+                                                 "results", "sinks"))
     p.add_argument("--sizes", default="1GiB")
     p.add_argument("--step-ms", type=float, default=100)
     p.add_argument("--command", default=None)
@@ -285,26 +285,26 @@ def main():
     args.restore_runs = 3
     args.restore_bench = rb.has_restore_bench(args.cli)
     if not shutil.which("fio"):
-        raise SystemExit("issue17_bench: needs fio (apt-get install fio)")
+        raise SystemExit("sink_bench: needs fio (apt-get install fio)")
     for d in (args.bench_dir, args.shm_dir, args.out):
         os.makedirs(d, exist_ok=True)
     report = {"machine": rb.machine(args.bench_dir), "shm_dir": args.shm_dir,
               "command": args.command or " ".join(sys.argv), "results": {}}
-    rb.log(f"asyncckpt bench, issue 17: {rb.describe_machine(report['machine'])}")
+    rb.log(f"asyncckpt bench, sinks: {rb.describe_machine(report['machine'])}")
     started = time.time()
     for size in [rb.parse_bytes(s) for s in args.sizes.split(",")]:
         report["results"][rb.size_name(size)] = measure_size(args, size)
     report["targets"] = targets(report["results"])
     report["seconds"] = time.time() - started
-    with open(os.path.join(args.out, "bench-issue17.json"), "w") as f:
+    with open(os.path.join(args.out, "bench-sinks.json"), "w") as f:
         json.dump(report, f, indent=1, default=str)
-    with open(os.path.join(args.out, "bench-issue17.md"), "w") as f:
+    with open(os.path.join(args.out, "bench-sinks.md"), "w") as f:
         f.write(markdown(report) + "\n")
-    rb.log("\n== targets (issue 17; reported, not asserted)")
+    rb.log("\n== targets (reported, not asserted)")
     for t in report["targets"]:
         rb.log(f"  {'met   ' if t['met'] else 'MISSED'}  {t['target']}: {t['value']} "
                f"(goal {t['goal']}) {t['note']}")
-    rb.log(f"\nwrote {args.out}/bench-issue17.json, .md in {report['seconds']:.0f} s")
+    rb.log(f"\nwrote {args.out}/bench-sinks.json, .md in {report['seconds']:.0f} s")
 
 
 if __name__ == "__main__":
