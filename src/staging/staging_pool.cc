@@ -52,7 +52,7 @@ size_t StagingPool::CarveLocked(size_t capacity) {
     free_.erase(it);
     if (left > 0) free_[offset + capacity] = left;
     in_use_ += capacity;
-    high_water_ = std::max(high_water_, in_use_);
+    high_water_ = std::max(high_water_, in_use_ + taken_);
     return offset;
   }
   return SIZE_MAX;
@@ -64,6 +64,8 @@ size_t StagingPool::CarveTopLocked(size_t capacity) {
     it->second -= capacity;
     const size_t offset = it->first + it->second;
     if (it->second == 0) free_.erase(it->first);
+    taken_ += capacity;
+    high_water_ = std::max(high_water_, in_use_ + taken_);
     return offset;
   }
   return SIZE_MAX;
@@ -148,7 +150,7 @@ void StagingPool::Release(uint8_t* data, size_t capacity, bool counted) {
     }
   }
   free_[offset] = size;
-  if (counted) in_use_ -= capacity;
+  (counted ? in_use_ : taken_) -= capacity;
   freed_.notify_all();
 }
 

@@ -100,7 +100,7 @@ class StagingPool {
   uint64_t budget() const { return budget_; }
   /// Bytes leased now (whole pages).
   uint64_t in_use() const;
-  /// Most bytes leased at once.
+  /// Most bytes of the region in use at once: leased, or taken by take_charged().
   uint64_t high_water() const;
   /// Times the pinned region was allocated (1 after the first lease; never more).
   uint64_t allocations() const;
@@ -125,6 +125,7 @@ class StagingPool {
   PinnedBuffer region_;
   std::map<size_t, size_t> free_;  // offset -> bytes, coalesced
   uint64_t in_use_ = 0;
+  uint64_t taken_ = 0;  // by take_charged(), not in in_use_
   uint64_t charged_ = 0;
   uint64_t high_water_ = 0;
   uint64_t allocations_ = 0;

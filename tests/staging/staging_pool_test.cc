@@ -196,6 +196,7 @@ TEST_F(StagingPoolTest, TakeChargedComesFromTheTopAndIsNotCountedAsLeased) {
   ASSERT_NE(pack.data(), nullptr);
   EXPECT_EQ(pack.data(), low->data() + 5 * kPage);  // the top three pages
   EXPECT_EQ(pool.in_use(), 2 * kPage);
+  EXPECT_EQ(pool.high_water(), 5 * kPage);                  // memory all the same
   EXPECT_EQ(pool.take_charged(4 * kPage).data(), nullptr);  // three pages left
   auto rest = pool.try_lease(3 * kPage);
   ASSERT_TRUE(rest.ok());
