@@ -1,4 +1,4 @@
-// The engine's commit thread and arena pump (engine_threads.h).
+// The engine's commit thread, arena pump and retention remover (engine_threads.h).
 
 #include "src/engine/engine_threads.h"
 
@@ -44,8 +44,8 @@ void CommitThread::Loop() {
   }
 }
 
-ArenaPump::ArenaPump(std::function<void()> work)
-    : work_(std::move(work)), thread_([this] { Loop(); }) {}
+ArenaPump::ArenaPump(std::function<void()> work, const char* name)
+    : work_(std::move(work)), name_(name), thread_([this] { Loop(); }) {}
 
 ArenaPump::~ArenaPump() {
   {
@@ -65,7 +65,7 @@ void ArenaPump::Kick() {
 }
 
 void ArenaPump::Loop() {
-  pthread_setname_np(pthread_self(), kPumpThreadName);
+  pthread_setname_np(pthread_self(), name_);
   uint64_t seen = 0;
   std::unique_lock lock(mu_);
   for (;;) {

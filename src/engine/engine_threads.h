@@ -19,6 +19,8 @@ namespace asyncckpt {
 
 /// The name of the thread that works in the graph's arena (as pthread_getname_np reports it).
 inline constexpr char kPumpThreadName[] = "ckpt-pump";
+/// The name of the thread that removes what retention renamed out of the committed namespace.
+inline constexpr char kRemoverThreadName[] = "ckpt-remove";
 
 /// Runs commits on one thread, one at a time, in the order they were pushed.
 class CommitThread {
@@ -47,8 +49,9 @@ class CommitThread {
 /// waiting thread executes the arena's tasks) until the graph is idle again.
 class ArenaPump {
  public:
-  /// Starts the thread (named kPumpThreadName).
-  explicit ArenaPump(std::function<void()> work);
+  /// Starts the thread (named `name`). Also runs other work that a Kick asks for again and
+  /// again (the retention remover).
+  explicit ArenaPump(std::function<void()> work, const char* name = kPumpThreadName);
   /// Joins; call once the graph is idle.
   ~ArenaPump();
   ArenaPump(const ArenaPump&) = delete;
@@ -60,6 +63,7 @@ class ArenaPump {
   void Loop();
 
   const std::function<void()> work_;
+  const char* const name_;
   std::mutex mu_;
   std::condition_variable wake_;
   uint64_t kicks_ = 0;

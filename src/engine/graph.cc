@@ -69,6 +69,8 @@ class SaveGraph::Impl {
     pump_.reset();
     queue_.reset();  // drains: nothing is in flight any more
     committer_.reset();
+    remover_.reset();
+    RemoveRenamed();
     arena_.execute([&] {
       commit_.reset();
       save_order_.reset();
@@ -88,6 +90,7 @@ class SaveGraph::Impl {
     };
     RETURN_IF_ERROR(ToStatus(fs_->new_io_queue(queue_options, &queue_))
                         .WithContext("creating the engine's write queue"));
+    remover_ = std::make_unique<ArenaPump>([this] { RemoveRenamed(); }, kRemoverThreadName);
     committer_ = std::make_unique<CommitThread>([this](const SavePtr& save) {
       Commit(save);
       commit_->gateway().release_wait();
@@ -129,6 +132,14 @@ class SaveGraph::Impl {
 
   void WaitAll() {
     if (graph_) arena_.execute([&] { graph_->wait_for_all(); });
+  }
+
+  // Removes the checkpoints retention renamed out of the committed namespace. Off the commit
+  // thread (the remover's) so that neither a save's report nor the next commit waits for an
+  // older checkpoint's unlinks; WaitAll also runs it, and waits for a removal in progress.
+  void RemoveRenamed() {
+    std::lock_guard lock(removal_mu_);
+    manager_->RemoveRenamed();
   }
 
   int64_t in_flight() const { return in_flight_.load(); }
@@ -194,6 +205,8 @@ class SaveGraph::Impl {
   std::unique_ptr<io::IoQueue> queue_;
   std::unique_ptr<CommitThread> committer_;
   std::unique_ptr<ArenaPump> pump_;
+  std::mutex removal_mu_;  // held while removing: WaitAll returns after the removal
+  std::unique_ptr<ArenaPump> remover_;
   tbb::enumerable_thread_specific<codec::Scratch> scratch_;
   std::atomic<int64_t> in_flight_{0};  // changed under flight_mu_, read anywhere
   std::mutex flight_mu_;
@@ -440,6 +453,8 @@ void SaveGraph::Impl::Commit(const SavePtr& save) {
     if (!sharded()) RemoveFailedSave(*fs_, options_.checkpoint_dir, save->tmp_name);
   }
   Report(*save, committed);
+  // Reported durable first: retention only renamed what it dropped (the crash-safe step).
+  if (committed && !sharded() && manager_->HasRenamed()) remover_->Kick();
   LeaveFlight();
 }
 
@@ -566,7 +581,10 @@ bool SaveGraph::TakeFlightPlace(int limit, bool skip_if_busy) {
 }
 void SaveGraph::PutChunks(std::vector<ChunkPtr> wave) { impl_->PutChunks(std::move(wave)); }
 void SaveGraph::ReleaseHold(const SavePtr& save) { impl_->ReleaseHold(save); }
-void SaveGraph::WaitAll() { impl_->WaitAll(); }
+void SaveGraph::WaitAll() {
+  impl_->WaitAll();
+  impl_->RemoveRenamed();
+}
 int64_t SaveGraph::in_flight() const { return impl_->in_flight(); }
 
 uint64_t SaveGraph::heap_buffers() const { return impl_->heap_buffers(); }
