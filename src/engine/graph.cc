@@ -69,8 +69,8 @@ class SaveGraph::Impl {
     pump_.reset();
     queue_.reset();  // drains: nothing is in flight any more
     committer_.reset();
+    WaitForRemovals();
     remover_.reset();
-    RemoveRenamed();
     arena_.execute([&] {
       commit_.reset();
       save_order_.reset();
@@ -134,12 +134,34 @@ class SaveGraph::Impl {
     if (graph_) arena_.execute([&] { graph_->wait_for_all(); });
   }
 
-  // Removes the checkpoints retention renamed out of the committed namespace. Off the commit
-  // thread (the remover's) so that neither a save's report nor the next commit waits for an
-  // older checkpoint's unlinks; WaitAll also runs it, and waits for a removal in progress.
+  // Retention's removals run on the remover thread, never on the commit thread, so that neither
+  // a save's report nor the next commit waits for an older checkpoint's unlinks.
+  void KickRemover() {
+    {
+      std::lock_guard lock(removal_mu_);
+      ++removals_asked_;
+    }
+    remover_->Kick();
+  }
+  // The remover's work: what was renamed by the time it was asked is removed when it returns.
   void RemoveRenamed() {
-    std::lock_guard lock(removal_mu_);
+    uint64_t asked = 0;
+    {
+      std::lock_guard lock(removal_mu_);
+      asked = removals_asked_;
+    }
     manager_->RemoveRenamed();
+    {
+      std::lock_guard lock(removal_mu_);
+      removals_done_ = std::max(removals_done_, asked);
+    }
+    removals_ran_.notify_all();
+  }
+  // Until the remover has done everything asked of it (WaitAll: nothing of a dropped
+  // checkpoint is left once it returns).
+  void WaitForRemovals() {
+    std::unique_lock lock(removal_mu_);
+    removals_ran_.wait(lock, [&] { return removals_done_ == removals_asked_; });
   }
 
   int64_t in_flight() const { return in_flight_.load(); }
@@ -205,7 +227,10 @@ class SaveGraph::Impl {
   std::unique_ptr<io::IoQueue> queue_;
   std::unique_ptr<CommitThread> committer_;
   std::unique_ptr<ArenaPump> pump_;
-  std::mutex removal_mu_;  // held while removing: WaitAll returns after the removal
+  std::mutex removal_mu_;
+  std::condition_variable removals_ran_;
+  uint64_t removals_asked_ = 0;  // guarded by removal_mu_, as is removals_done_
+  uint64_t removals_done_ = 0;
   std::unique_ptr<ArenaPump> remover_;
   tbb::enumerable_thread_specific<codec::Scratch> scratch_;
   std::atomic<int64_t> in_flight_{0};  // changed under flight_mu_, read anywhere
@@ -454,7 +479,7 @@ void SaveGraph::Impl::Commit(const SavePtr& save) {
   }
   Report(*save, committed);
   // Reported durable first: retention only renamed what it dropped (the crash-safe step).
-  if (committed && !sharded() && manager_->HasRenamed()) remover_->Kick();
+  if (committed && !sharded() && manager_->HasRenamed()) KickRemover();
   LeaveFlight();
 }
 
@@ -583,7 +608,7 @@ void SaveGraph::PutChunks(std::vector<ChunkPtr> wave) { impl_->PutChunks(std::mo
 void SaveGraph::ReleaseHold(const SavePtr& save) { impl_->ReleaseHold(save); }
 void SaveGraph::WaitAll() {
   impl_->WaitAll();
-  impl_->RemoveRenamed();
+  impl_->WaitForRemovals();
 }
 int64_t SaveGraph::in_flight() const { return impl_->in_flight(); }
 
