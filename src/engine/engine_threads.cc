@@ -4,6 +4,8 @@
 
 #include <pthread.h>
 
+#include <algorithm>
+
 #include "src/engine/graph.h"
 
 namespace asyncckpt {
@@ -76,6 +78,40 @@ void ArenaPump::Loop() {
     work_();  // returns once the graph is idle; a Kick meanwhile brings it back at once
     lock.lock();
   }
+}
+
+RetentionRemover::RetentionRemover(std::function<void()> remove)
+    : remove_(std::move(remove)), thread_([this] { Run(); }, kRemoverThreadName) {}
+
+RetentionRemover::~RetentionRemover() { Wait(); }
+
+void RetentionRemover::Ask() {
+  {
+    std::lock_guard lock(mu_);
+    ++asked_;
+  }
+  thread_.Kick();
+}
+
+// What was renamed by the time `asked` is read is removed when remove_ returns; an Ask after the
+// read kicks the thread again.
+void RetentionRemover::Run() {
+  uint64_t asked = 0;
+  {
+    std::lock_guard lock(mu_);
+    asked = asked_;
+  }
+  remove_();
+  {
+    std::lock_guard lock(mu_);
+    done_ = std::max(done_, asked);
+  }
+  ran_.notify_all();
+}
+
+void RetentionRemover::Wait() {
+  std::unique_lock lock(mu_);
+  ran_.wait(lock, [&] { return done_ == asked_; });
 }
 
 }  // namespace asyncckpt

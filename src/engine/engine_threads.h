@@ -71,4 +71,29 @@ class ArenaPump {
   std::thread thread_;  // last: starts once the rest is built
 };
 
+/// Runs retention's removals (CheckpointManager::RemoveRenamed) on a thread of its own, so that
+/// neither a save's report nor the next commit waits for an older checkpoint's unlinks.
+class RetentionRemover {
+ public:
+  /// Starts the thread (named kRemoverThreadName); `remove` runs there after each Ask.
+  explicit RetentionRemover(std::function<void()> remove);
+  /// Waits for what was asked, then joins.
+  ~RetentionRemover();
+  RetentionRemover(const RetentionRemover&) = delete;
+  RetentionRemover& operator=(const RetentionRemover&) = delete;
+  /// Something was renamed for removal: run `remove` soon.
+  void Ask();
+  /// Blocks until `remove` has run to its end after every Ask so far.
+  void Wait();
+
+ private:
+  void Run();
+  const std::function<void()> remove_;
+  std::mutex mu_;
+  std::condition_variable ran_;
+  uint64_t asked_ = 0;  // guarded by mu_, as is done_
+  uint64_t done_ = 0;
+  ArenaPump thread_;  // last: starts once the rest is built
+};
+
 }  // namespace asyncckpt

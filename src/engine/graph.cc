@@ -69,7 +69,6 @@ class SaveGraph::Impl {
     pump_.reset();
     queue_.reset();  // drains: nothing is in flight any more
     committer_.reset();
-    WaitForRemovals();
     remover_.reset();
     arena_.execute([&] {
       commit_.reset();
@@ -90,7 +89,7 @@ class SaveGraph::Impl {
     };
     RETURN_IF_ERROR(ToStatus(fs_->new_io_queue(queue_options, &queue_))
                         .WithContext("creating the engine's write queue"));
-    remover_ = std::make_unique<ArenaPump>([this] { RemoveRenamed(); }, kRemoverThreadName);
+    remover_ = std::make_unique<RetentionRemover>([this] { manager_->RemoveRenamed(); });
     committer_ = std::make_unique<CommitThread>([this](const SavePtr& save) {
       Commit(save);
       commit_->gateway().release_wait();
@@ -134,35 +133,8 @@ class SaveGraph::Impl {
     if (graph_) arena_.execute([&] { graph_->wait_for_all(); });
   }
 
-  // Retention's removals run on the remover thread, never on the commit thread, so that neither
-  // a save's report nor the next commit waits for an older checkpoint's unlinks.
-  void KickRemover() {
-    {
-      std::lock_guard lock(removal_mu_);
-      ++removals_asked_;
-    }
-    remover_->Kick();
-  }
-  // The remover's work: what was renamed by the time it was asked is removed when it returns.
-  void RemoveRenamed() {
-    uint64_t asked = 0;
-    {
-      std::lock_guard lock(removal_mu_);
-      asked = removals_asked_;
-    }
-    manager_->RemoveRenamed();
-    {
-      std::lock_guard lock(removal_mu_);
-      removals_done_ = std::max(removals_done_, asked);
-    }
-    removals_ran_.notify_all();
-  }
-  // Until the remover has done everything asked of it (WaitAll: nothing of a dropped
-  // checkpoint is left once it returns).
-  void WaitForRemovals() {
-    std::unique_lock lock(removal_mu_);
-    removals_ran_.wait(lock, [&] { return removals_done_ == removals_asked_; });
-  }
+  // Retention's removals, off the commit thread (engine_threads.h).
+  void WaitForRemovals() { remover_->Wait(); }
 
   int64_t in_flight() const { return in_flight_.load(); }
 
@@ -227,11 +199,7 @@ class SaveGraph::Impl {
   std::unique_ptr<io::IoQueue> queue_;
   std::unique_ptr<CommitThread> committer_;
   std::unique_ptr<ArenaPump> pump_;
-  std::mutex removal_mu_;
-  std::condition_variable removals_ran_;
-  uint64_t removals_asked_ = 0;  // guarded by removal_mu_, as is removals_done_
-  uint64_t removals_done_ = 0;
-  std::unique_ptr<ArenaPump> remover_;
+  std::unique_ptr<RetentionRemover> remover_;
   tbb::enumerable_thread_specific<codec::Scratch> scratch_;
   std::atomic<int64_t> in_flight_{0};  // changed under flight_mu_, read anywhere
   std::mutex flight_mu_;
@@ -479,7 +447,7 @@ void SaveGraph::Impl::Commit(const SavePtr& save) {
   }
   Report(*save, committed);
   // Reported durable first: retention only renamed what it dropped (the crash-safe step).
-  if (committed && !sharded() && manager_->HasRenamed()) KickRemover();
+  if (committed && !sharded() && manager_->HasRenamed()) remover_->Ask();
   LeaveFlight();
 }
 
