@@ -101,6 +101,7 @@ class Engine::Impl {
   Result<SubmitResult> Submit(SubmitRequest request);
   void WaitAll() { graph_->WaitAll(); }
   int64_t in_flight() const { return graph_->in_flight(); }
+  uint64_t heap_buffers() const { return graph_->heap_buffers(); }
   StagingPool& pool() { return pool_; }
 
  private:
@@ -207,6 +208,9 @@ Status Engine::Impl::OpenFiles(SaveJob& save) {
   }
   save.placer.emplace(count, direct ? format::kDirectAlignment : 1, options_.pack_threshold_bytes);
   save.packs.resize(count);
+  for (const format::ChunkJob& job : save.jobs) {
+    save.max_job_pages = std::max<uint64_t>(save.max_job_pages, StagingPool::RoundUp(job.length));
+  }
   save.pack_charges.assign(count, 0);
   return direct ? Preallocate(save, format::kDirectAlignment) : Status::OK();
 }
@@ -503,6 +507,8 @@ Result<SubmitResult> Engine::Submit(SubmitRequest request) {
 }
 void Engine::WaitAll() { impl_->WaitAll(); }
 int64_t Engine::in_flight() const { return impl_->in_flight(); }
+uint64_t Engine::heap_buffers() const { return impl_->heap_buffers(); }
+
 uint64_t Engine::staging_high_water() const { return impl_->pool().high_water(); }
 uint64_t Engine::staging_budget() const { return impl_->pool().budget(); }
 

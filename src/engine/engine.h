@@ -192,6 +192,8 @@ class Engine {
   uint64_t staging_high_water() const;
   /// The staging budget in bytes.
   uint64_t staging_budget() const;
+  /// Buffers allocated outside staging so far (encoded chunks, packs that found no staging).
+  uint64_t heap_buffers() const;
 
   class Impl;
 

@@ -1,8 +1,10 @@
-// The engine's commit thread and arena pump (engine_threads.h).
+// The engine's commit thread, arena pump and retention remover (engine_threads.h).
 
 #include "src/engine/engine_threads.h"
 
 #include <pthread.h>
+
+#include <algorithm>
 
 #include "src/engine/graph.h"
 
@@ -44,8 +46,8 @@ void CommitThread::Loop() {
   }
 }
 
-ArenaPump::ArenaPump(std::function<void()> work)
-    : work_(std::move(work)), thread_([this] { Loop(); }) {}
+ArenaPump::ArenaPump(std::function<void()> work, const char* name)
+    : work_(std::move(work)), name_(name), thread_([this] { Loop(); }) {}
 
 ArenaPump::~ArenaPump() {
   {
@@ -65,7 +67,7 @@ void ArenaPump::Kick() {
 }
 
 void ArenaPump::Loop() {
-  pthread_setname_np(pthread_self(), kPumpThreadName);
+  pthread_setname_np(pthread_self(), name_);
   uint64_t seen = 0;
   std::unique_lock lock(mu_);
   for (;;) {
@@ -76,6 +78,40 @@ void ArenaPump::Loop() {
     work_();  // returns once the graph is idle; a Kick meanwhile brings it back at once
     lock.lock();
   }
+}
+
+RetentionRemover::RetentionRemover(std::function<void()> remove)
+    : remove_(std::move(remove)), thread_([this] { Run(); }, kRemoverThreadName) {}
+
+RetentionRemover::~RetentionRemover() { Wait(); }
+
+void RetentionRemover::Ask() {
+  {
+    std::lock_guard lock(mu_);
+    ++asked_;
+  }
+  thread_.Kick();
+}
+
+// What was renamed by the time `asked` is read is removed when remove_ returns; an Ask after the
+// read kicks the thread again.
+void RetentionRemover::Run() {
+  uint64_t asked = 0;
+  {
+    std::lock_guard lock(mu_);
+    asked = asked_;
+  }
+  remove_();
+  {
+    std::lock_guard lock(mu_);
+    done_ = std::max(done_, asked);
+  }
+  ran_.notify_all();
+}
+
+void RetentionRemover::Wait() {
+  std::unique_lock lock(mu_);
+  ran_.wait(lock, [&] { return done_ == asked_; });
 }
 
 }  // namespace asyncckpt

@@ -69,6 +69,7 @@ class SaveGraph::Impl {
     pump_.reset();
     queue_.reset();  // drains: nothing is in flight any more
     committer_.reset();
+    remover_.reset();
     arena_.execute([&] {
       commit_.reset();
       save_order_.reset();
@@ -88,6 +89,7 @@ class SaveGraph::Impl {
     };
     RETURN_IF_ERROR(ToStatus(fs_->new_io_queue(queue_options, &queue_))
                         .WithContext("creating the engine's write queue"));
+    remover_ = std::make_unique<RetentionRemover>([this] { manager_->RemoveRenamed(); });
     committer_ = std::make_unique<CommitThread>([this](const SavePtr& save) {
       Commit(save);
       commit_->gateway().release_wait();
@@ -131,7 +133,12 @@ class SaveGraph::Impl {
     if (graph_) arena_.execute([&] { graph_->wait_for_all(); });
   }
 
+  // Retention's removals, off the commit thread (engine_threads.h).
+  void WaitForRemovals() { remover_->Wait(); }
+
   int64_t in_flight() const { return in_flight_.load(); }
+
+  uint64_t heap_buffers() const { return buffers_.allocations(); }
 
  private:
   void Build();
@@ -150,6 +157,7 @@ class SaveGraph::Impl {
   void CloseCharge(SaveJob& save, uint64_t pages) {
     options_.staging->settle_open(pages, &save.open_pack_charge);
   }
+  void OpenPack(SaveJob& save, PackBuffer& pack);
   // A pack written, or dropped with its failed save.
   void Uncharge(uint64_t pages) { options_.staging->uncharge(pages); }
   // A failed save's open packs are never written.
@@ -191,6 +199,7 @@ class SaveGraph::Impl {
   std::unique_ptr<io::IoQueue> queue_;
   std::unique_ptr<CommitThread> committer_;
   std::unique_ptr<ArenaPump> pump_;
+  std::unique_ptr<RetentionRemover> remover_;
   tbb::enumerable_thread_specific<codec::Scratch> scratch_;
   std::atomic<int64_t> in_flight_{0};  // changed under flight_mu_, read anywhere
   std::mutex flight_mu_;
@@ -288,7 +297,7 @@ ChunkPtr SaveGraph::Impl::Place(ChunkPtr msg) {
     const std::span<const uint8_t> stored = msg->encoded.stored;
     format::ChunkPlacement& placement = msg->placement;
     placement = save.placer->Place(job.file_index, stored.size());
-    PooledBuffer& pack = save.packs[job.file_index];
+    PackBuffer& pack = save.packs[job.file_index];
     uint64_t& charge = save.pack_charges[job.file_index];
     if (placement.closed_pack) {
       CloseCharge(save, charge);
@@ -298,7 +307,7 @@ ChunkPtr SaveGraph::Impl::Place(ChunkPtr msg) {
       const uint64_t pages = StagingPool::RoundUp(job.length);
       ChargeOpen(save, pages);  // before the lease goes: never neither nor both
       charge += pages;
-      if (pack.data() == nullptr) pack = buffers_.get(format::kPackBytes);
+      if (pack.data() == nullptr) OpenPack(save, pack);
       std::memcpy(pack.data() + (placement.offset - placement.pack_offset), stored.data(),
                   stored.size());
       // Copied: the staging is free for the next chunks (holding it until the pack is written
@@ -324,6 +333,23 @@ ChunkPtr SaveGraph::Impl::Place(ChunkPtr msg) {
   return msg;
 }
 
+// A pack's memory comes from the staging region when a piece is free: its chunks' pages are
+// charged to staging until it is written, so a pack from elsewhere would be memory beyond the
+// budget, and closed packs queue behind the writers by the hundred. The heap is the fallback,
+// bounded by those charges. This save's open packs stay until its later chunks close them, so
+// they may take staging only while the gaps they leave still hold its longest chunk; else
+// Submit could wait for them forever.
+void SaveGraph::Impl::OpenPack(SaveJob& save, PackBuffer& pack) {
+  uint64_t open = 1;
+  for (const PackBuffer& other : save.packs) open += other.staged.data() != nullptr ? 1 : 0;
+  const uint64_t budget = options_.staging->budget();
+  const uint64_t taken = open * format::kPackBytes;
+  if (taken < budget && (budget - taken) / (open + 1) >= save.max_job_pages) {
+    pack.staged = options_.staging->take_charged(format::kPackBytes);
+  }
+  if (pack.data() == nullptr) pack.heap = buffers_.get(format::kPackBytes);
+}
+
 void SaveGraph::Impl::Write(const ChunkPtr& msg) {
   SaveJob& save = *msg->save;
   Guarded(save, "write", [&] {
@@ -332,7 +358,8 @@ void SaveGraph::Impl::Write(const ChunkPtr& msg) {
       uint8_t* data = pack.buffer.data();
       std::memset(data + pack.extent.bytes, 0, pack.extent.padded_bytes - pack.extent.bytes);
       WriteRequest owner;
-      owner.buffer = std::move(pack.buffer);
+      owner.lease = std::move(pack.buffer.staged);
+      owner.buffer = std::move(pack.buffer.heap);
       owner.pack_bytes = std::exchange(pack.charge, 0);
       SubmitWrite(msg->save, save.files[pack.extent.file].get(), pack.extent, data,
                   std::move(owner));
@@ -419,6 +446,8 @@ void SaveGraph::Impl::Commit(const SavePtr& save) {
     if (!sharded()) RemoveFailedSave(*fs_, options_.checkpoint_dir, save->tmp_name);
   }
   Report(*save, committed);
+  // Reported durable first: retention only renamed what it dropped (the crash-safe step).
+  if (committed && !sharded() && manager_->HasRenamed()) remover_->Ask();
   LeaveFlight();
 }
 
@@ -545,7 +574,12 @@ bool SaveGraph::TakeFlightPlace(int limit, bool skip_if_busy) {
 }
 void SaveGraph::PutChunks(std::vector<ChunkPtr> wave) { impl_->PutChunks(std::move(wave)); }
 void SaveGraph::ReleaseHold(const SavePtr& save) { impl_->ReleaseHold(save); }
-void SaveGraph::WaitAll() { impl_->WaitAll(); }
+void SaveGraph::WaitAll() {
+  impl_->WaitAll();
+  impl_->WaitForRemovals();
+}
 int64_t SaveGraph::in_flight() const { return impl_->in_flight(); }
+
+uint64_t SaveGraph::heap_buffers() const { return impl_->heap_buffers(); }
 
 }  // namespace asyncckpt

@@ -85,6 +85,8 @@ class SaveGraph {
   void WaitAll();
   /// Saves admitted and not yet done.
   int64_t in_flight() const;
+  /// Buffers allocated outside staging so far (encoded chunks, packs that found no staging).
+  uint64_t heap_buffers() const;
 
   class Impl;
 

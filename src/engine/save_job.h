@@ -27,6 +27,17 @@
 
 namespace asyncckpt {
 
+/// The memory of one pack: a piece of the staging region where one is free (so that packs
+/// waiting for the writers are not memory on top of the staging budget), else a pooled buffer.
+struct PackBuffer {
+  /// The piece of staging (StagingPool::take_charged), or empty.
+  StagingLease staged;
+  /// The fallback when staging had no piece that large, or empty.
+  PooledBuffer heap;
+  /// First byte; null before either is taken.
+  uint8_t* data() const { return staged.data() != nullptr ? staged.data() : heap.data(); }
+};
+
 /// One save in flight. Written by Submit before its chunks enter the graph; the placement by
 /// the serial place node only; read by the commit after the last write (the graph orders it).
 struct SaveJob {
@@ -58,7 +69,10 @@ struct SaveJob {
   /// Placement of the chunks (place node only).
   std::optional<format::DataFilePlacer> placer;
   /// The open pack of each data file (place node only): placed chunks are copied in.
-  std::vector<PooledBuffer> packs;
+  std::vector<PackBuffer> packs;
+  /// The longest chunk's staging (bytes, whole pages): packs taken from staging must leave
+  /// room for it, or Submit could wait for this save's own open packs. Set before the graph.
+  uint64_t max_job_pages = 0;
   /// The staging each open pack stands for: the pages its chunks had leased (place node only).
   std::vector<uint64_t> pack_charges;
   /// The sum of pack_charges (guarded by the staging pool's lock): Submit of this save does
@@ -116,7 +130,7 @@ struct PackWrite {
   /// Where it goes.
   format::WriteExtent extent;
   /// Its bytes (zero-padded to extent.padded_bytes before the write).
-  PooledBuffer buffer;
+  PackBuffer buffer;
   /// The staging pages its chunks had leased: counted against the budget until written.
   uint64_t charge = 0;
 };

@@ -11,16 +11,18 @@ StagingLease& StagingLease::operator=(StagingLease&& other) noexcept {
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     capacity_ = std::exchange(other.capacity_, 0);
+    counted_ = std::exchange(other.counted_, true);
   }
   return *this;
 }
 
 void StagingLease::reset() {
-  if (pool_ != nullptr && data_ != nullptr) pool_->Release(data_, capacity_);
+  if (pool_ != nullptr && data_ != nullptr) pool_->Release(data_, capacity_, counted_);
   pool_ = nullptr;
   data_ = nullptr;
   size_ = 0;
   capacity_ = 0;
+  counted_ = true;
 }
 
 StagingPool::StagingPool(std::shared_ptr<Device> device, uint64_t budget_bytes)
@@ -50,10 +52,33 @@ size_t StagingPool::CarveLocked(size_t capacity) {
     free_.erase(it);
     if (left > 0) free_[offset + capacity] = left;
     in_use_ += capacity;
-    high_water_ = std::max(high_water_, in_use_);
+    high_water_ = std::max(high_water_, in_use_ + taken_);
     return offset;
   }
   return SIZE_MAX;
+}
+
+size_t StagingPool::CarveTopLocked(size_t capacity) {
+  for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
+    if (it->second < capacity) continue;
+    it->second -= capacity;
+    const size_t offset = it->first + it->second;
+    if (it->second == 0) free_.erase(it->first);
+    taken_ += capacity;
+    high_water_ = std::max(high_water_, in_use_ + taken_);
+    return offset;
+  }
+  return SIZE_MAX;
+}
+
+StagingLease StagingPool::take_charged(size_t bytes) {
+  const size_t capacity = RoundUp(std::max<size_t>(bytes, 1));
+  std::lock_guard lock(mu_);
+  if (cancelled_ || !EnsureRegionLocked().ok()) return StagingLease();
+  const size_t offset = CarveTopLocked(capacity);
+  if (offset == SIZE_MAX) return StagingLease();
+  return StagingLease(this, static_cast<uint8_t*>(region_.data()) + offset, bytes, capacity,
+                      /*counted=*/false);
 }
 
 Result<StagingLease> StagingPool::lease(size_t bytes, const uint64_t* exempt) {
@@ -107,7 +132,7 @@ void StagingPool::cancel() {
   freed_.notify_all();
 }
 
-void StagingPool::Release(uint8_t* data, size_t capacity) {
+void StagingPool::Release(uint8_t* data, size_t capacity, bool counted) {
   std::lock_guard lock(mu_);
   size_t offset = static_cast<size_t>(data - static_cast<uint8_t*>(region_.data()));
   size_t size = capacity;
@@ -125,7 +150,7 @@ void StagingPool::Release(uint8_t* data, size_t capacity) {
     }
   }
   free_[offset] = size;
-  in_use_ -= capacity;
+  (counted ? in_use_ : taken_) -= capacity;
   freed_.notify_all();
 }
 

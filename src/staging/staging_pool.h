@@ -43,13 +43,14 @@ class StagingLease {
 
  private:
   friend class StagingPool;
-  StagingLease(StagingPool* pool, uint8_t* data, size_t size, size_t capacity)
-      : pool_(pool), data_(data), size_(size), capacity_(capacity) {}
+  StagingLease(StagingPool* pool, uint8_t* data, size_t size, size_t capacity, bool counted = true)
+      : pool_(pool), data_(data), size_(size), capacity_(capacity), counted_(counted) {}
 
   StagingPool* pool_ = nullptr;
   uint8_t* data_ = nullptr;
   size_t size_ = 0;
   size_t capacity_ = 0;
+  bool counted_ = true;  // in in_use(); false for take_charged()'s memory, which charges stand for
 };
 
 /// The pool. Thread-safe.
@@ -76,6 +77,11 @@ class StagingPool {
   /// elsewhere until written (the engine's packed writes). Never blocks. Adds them to *open
   /// too when not null.
   void charge(uint64_t bytes, uint64_t* open = nullptr);
+  /// Carves `bytes` from the top of the region for memory that charges already stand for (the
+  /// engine's packs: their chunks' pages are charged, so the pack itself is not counted in
+  /// in_use() again). Taken from the top so that it fragments the leases below as little as
+  /// possible. Never blocks; an empty lease when no piece of the region is free that large.
+  StagingLease take_charged(size_t bytes);
   /// Takes `bytes` out of *open (they stay charged).
   void settle_open(uint64_t bytes, uint64_t* open);
   /// Returns charged bytes, waking whoever waits for room.
@@ -94,7 +100,7 @@ class StagingPool {
   uint64_t budget() const { return budget_; }
   /// Bytes leased now (whole pages).
   uint64_t in_use() const;
-  /// Most bytes leased at once.
+  /// Most bytes of the region in use at once: leased, or taken by take_charged().
   uint64_t high_water() const;
   /// Times the pinned region was allocated (1 after the first lease; never more).
   uint64_t allocations() const;
@@ -108,7 +114,9 @@ class StagingPool {
   bool ChargesLeaveRoomLocked(size_t capacity, const uint64_t* exempt) const;
   // First fit; returns the offset or SIZE_MAX when nothing fits.
   size_t CarveLocked(size_t capacity);
-  void Release(uint8_t* data, size_t capacity);
+  // Last fit, from the top of the highest free piece that holds it; SIZE_MAX when none does.
+  size_t CarveTopLocked(size_t capacity);
+  void Release(uint8_t* data, size_t capacity, bool counted);
 
   std::shared_ptr<Device> device_;
   const uint64_t budget_;
@@ -117,6 +125,7 @@ class StagingPool {
   PinnedBuffer region_;
   std::map<size_t, size_t> free_;  // offset -> bytes, coalesced
   uint64_t in_use_ = 0;
+  uint64_t taken_ = 0;  // by take_charged(), not in in_use_
   uint64_t charged_ = 0;
   uint64_t high_water_ = 0;
   uint64_t allocations_ = 0;

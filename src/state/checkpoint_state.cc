@@ -4,6 +4,7 @@
 
 #include "src/state/checkpoint_state.h"
 
+#include <exception>
 #include <optional>
 #include <utility>
 
@@ -45,7 +46,16 @@ CheckpointManager::CheckpointManager(io::FileSystem* fs, std::string checkpoint_
                         },
                         std::move(clock)) {}
 
+CheckpointManager::~CheckpointManager() { RemoveRenamed(); }
+
 Status CheckpointManager::RecordCommitted(const std::string& name, double timestamp) {
+  const Status recorded = RecordCommittedLeavingRemovals(name, timestamp);
+  RemoveRenamed();
+  return recorded;
+}
+
+Status CheckpointManager::RecordCommittedLeavingRemovals(const std::string& name,
+                                                         double timestamp) {
   RETURN_IF_ERROR(ValidateCheckpointName(name).WithContext("recording a committed checkpoint"));
   if (!CheckpointStep(name, basename_)) {
     return Status::InvalidArgument("recording a committed checkpoint: '" + name +
@@ -67,8 +77,38 @@ Status CheckpointManager::RecordCommitted(const std::string& name, double timest
     }
     RETURN_IF_ERROR(WriteCheckpointState(*fs_, dir_, StateLocked(), state_file_name_));
   }
-  DeleteDroppedLocked();
+  DeleteDroppedLocked(/*leave_removals=*/true);
   return Status::OK();
+}
+
+bool CheckpointManager::RemoveRenamed() {
+  std::vector<std::string> renamed;
+  {
+    std::lock_guard lock(mu_);
+    renamed.swap(renamed_);
+  }
+  for (const std::string& path : renamed) {
+    std::string failure;
+    try {
+      const io::IoStatus removed = fs_->remove_tree(path);
+      if (!removed.ok()) failure = removed.message();
+    } catch (const std::exception& e) {
+      failure = std::string("threw: ") + e.what();
+    }
+    if (!failure.empty()) {
+      ++retention_failures_;
+      LogLine("retention could not remove " + path +
+              " (out of the committed namespace already; the next start retries): " + failure);
+      continue;
+    }
+    LogLine("retention removed " + path);
+  }
+  return !renamed.empty();
+}
+
+bool CheckpointManager::HasRenamed() const {
+  std::lock_guard lock(mu_);
+  return !renamed_.empty();
 }
 
 std::set<int64_t> CheckpointManager::PartnerStepsLocked() {
@@ -114,17 +154,17 @@ std::vector<std::string> CheckpointManager::ApplyRetentionLocked(
   return to_delete;
 }
 
-void CheckpointManager::DeleteDroppedLocked() {
+void CheckpointManager::DeleteDroppedLocked(bool leave_removals) {
   for (const std::string& name : std::exchange(unwritten_deletions_, {})) {
     if (pins_.contains(name)) {
       deferred_deletions_.insert(name);
       continue;
     }
-    DeleteCheckpointLocked(name);
+    DeleteCheckpointLocked(name, leave_removals);
   }
 }
 
-void CheckpointManager::DeleteCheckpointLocked(const std::string& name) {
+void CheckpointManager::DeleteCheckpointLocked(const std::string& name, bool leave_removals) {
   const std::string path = JoinCheckpointPath(dir_, name);
   io::EntryType type = io::EntryType::kNone;
   io::IoStatus typed = fs_->entry_type(path, &type);
@@ -141,7 +181,17 @@ void CheckpointManager::DeleteCheckpointLocked(const std::string& name) {
             " alone: it holds no index file, so this library did not write it as it is");
     return;
   }
-  const Status removed = typed.ok() ? RemoveDirectoryDurably(*fs_, dir_, name) : ToStatus(typed);
+  Status removed = ToStatus(typed);
+  if (typed.ok() && leave_removals) {
+    Result<std::string> renamed = RenameForDeletion(*fs_, dir_, name);
+    if (renamed.ok()) {
+      renamed_.push_back(std::move(renamed).value());
+      return;
+    }
+    removed = renamed.status();
+  } else if (typed.ok()) {
+    removed = RemoveDirectoryDurably(*fs_, dir_, name);
+  }
   if (!removed.ok()) {
     ++retention_failures_;
     LogLine(

@@ -166,6 +166,18 @@ class CheckpointManager {
   /// deleted, and the next successful write catches up. A deletion that fails is logged and
   /// counted in retention_failures(), and OK is returned: the checkpoint is committed.
   Status RecordCommitted(const std::string& name, double timestamp);
+  /// RecordCommitted up to the crash-safe step of its deletions: each dropped checkpoint is
+  /// renamed to its ".deleting-" name (durably) but its files stay until RemoveRenamed. Lets the
+  /// engine report a save durable without waiting for the removal of an older one.
+  Status RecordCommittedLeavingRemovals(const std::string& name, double timestamp);
+  /// Removes the trees that RecordCommittedLeavingRemovals renamed, outside the manager's lock
+  /// (a commit may record meanwhile). A failure is logged and counted in retention_failures();
+  /// the next Start removes what is left. True when there was anything to remove.
+  bool RemoveRenamed();
+  /// Whether RecordCommittedLeavingRemovals left trees for RemoveRenamed.
+  bool HasRenamed() const;
+  /// Removes what RecordCommittedLeavingRemovals left (RemoveRenamed).
+  ~CheckpointManager();
 
   /// Protects checkpoint `name` from deletion until a matching Unpin (counted).
   void Pin(const std::string& name);
@@ -197,10 +209,12 @@ class CheckpointManager {
   std::set<int64_t> PartnerStepsLocked();
   // Drops what retention drops; returns those to delete.
   std::vector<std::string> ApplyRetentionLocked(const std::set<int64_t>& partner_steps);
-  // Deletes (or defers, when pinned) every name in unwritten_deletions_.
-  void DeleteDroppedLocked();
+  // Deletes (or defers, when pinned) every name in unwritten_deletions_; with `leave_removals`
+  // only renames them, for RemoveRenamed.
+  void DeleteDroppedLocked(bool leave_removals = false);
   // Deletes one dropped checkpoint if it is ours to delete; a failure is logged and counted.
-  void DeleteCheckpointLocked(const std::string& name);
+  // With `leave_removals` the renamed tree is queued in renamed_ instead of removed.
+  void DeleteCheckpointLocked(const std::string& name, bool leave_removals = false);
 
   io::FileSystem* const fs_;
   const std::string dir_;
@@ -221,6 +235,8 @@ class CheckpointManager {
   std::vector<std::string> unwritten_deletions_;
   // Dropped and no longer named by the state file, but pinned: deleted by the last Unpin.
   std::set<std::string> deferred_deletions_;
+  // ".deleting-" paths renamed durably, their trees not removed yet (RemoveRenamed).
+  std::vector<std::string> renamed_;
   std::set<int64_t> partner_steps_;             // at the last good read of the partner's state file
   std::atomic<int64_t> retention_failures_{0};  // read without mu_: a deletion may hold it long
 };

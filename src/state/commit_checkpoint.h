@@ -57,10 +57,12 @@ struct CommitResult {
 Status SealDataFile(DataFileToSeal& data);
 
 /// Trims and syncs every data file, writes and syncs the index, then CommitDirectory (sync the
-/// directory, rename it into place, sync the parent), then manager.RecordCommitted (state file
-/// and retention). A failure before the rename removes the temporary directory (a failure to
-/// remove it is logged; the next start removes it), so nothing half-written stays visible and
-/// earlier checkpoints are untouched. Never throws. Runs wholly on the calling thread.
+/// directory, rename it into place, sync the parent), then
+/// manager.RecordCommittedLeavingRemovals (state file, and retention up to renaming what it
+/// dropped to ".deleting-": the caller reports the save, then calls manager.RemoveRenamed). A
+/// failure before the rename removes the temporary directory (a failure to remove it is logged; the
+/// next start removes it), so nothing half-written stays visible and earlier checkpoints are
+/// untouched. Never throws. Runs wholly on the calling thread.
 CommitResult CommitCheckpoint(io::FileSystem& fs, CheckpointManager& manager,
                               CommitRequest request);
 

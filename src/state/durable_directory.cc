@@ -39,14 +39,20 @@ Status ReplaceByTwoRenames(io::FileSystem& fs, const std::string& parent,
 
 }  // namespace
 
-Status RemoveDirectoryDurably(io::FileSystem& fs, const std::string& parent,
-                              const std::string& name) {
+Result<std::string> RenameForDeletion(io::FileSystem& fs, const std::string& parent,
+                                      const std::string& name) {
   RETURN_IF_ERROR(ValidateCheckpointName(name));
   const std::string path = JoinCheckpointPath(parent, name);
-  const std::string doomed = JoinCheckpointPath(parent, DeletingDirName(name));
+  std::string doomed = JoinCheckpointPath(parent, DeletingDirName(name));
   RETURN_IF_ERROR(ToStatus(fs.rename(path, doomed)));
   // Until the rename is durable a crash may bring `name` back, so its files must stay whole.
   RETURN_IF_ERROR(ToStatus(fs.sync_dir(parent.empty() ? "." : parent)));
+  return doomed;
+}
+
+Status RemoveDirectoryDurably(io::FileSystem& fs, const std::string& parent,
+                              const std::string& name) {
+  ASSIGN_OR_RETURN(const std::string doomed, RenameForDeletion(fs, parent, name));
   return ToStatus(fs.remove_tree(doomed));
 }
 

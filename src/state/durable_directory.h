@@ -20,6 +20,11 @@ namespace asyncckpt {
 /// whole; a failure of the removal leaves the ".deleting-" name. Returns the first failure.
 Status RemoveDirectoryDurably(io::FileSystem& fs, const std::string& parent,
                               const std::string& name);
+/// The crash-safe half of RemoveDirectoryDurably: renames `parent`/`name` to
+/// DeletingDirName(name) and syncs `parent`. Returns the renamed path, whose tree the caller
+/// removes (or the next CheckpointManager::Start does); on failure `name` is left whole.
+Result<std::string> RenameForDeletion(io::FileSystem& fs, const std::string& parent,
+                                      const std::string& name);
 
 /// Moves the damaged checkpoint `parent`/`name` out of the committed namespace, keeping every
 /// byte: renames it to QuarantineDirName(name) (atomic) and syncs `parent`. Returns the new

@@ -6,12 +6,14 @@
 #include <gtest/gtest.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
+#include <pthread.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <future>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -97,6 +99,39 @@ TEST(ArenaPumpTest, RunsItsWorkAgainAfterEachKick) {
     }
   }
   EXPECT_EQ(runs, 3);
+}
+
+}  // namespace
+}  // namespace asyncckpt
+
+namespace asyncckpt {
+namespace {
+
+// The remover runs each removal on its own named thread, never on the caller's, and Wait
+// returns only once every removal asked for so far has run to its end.
+TEST(RetentionRemoverTest, RunsOnItsOwnThreadAndWaitCoversEveryAsk) {
+  std::mutex mu;
+  std::vector<std::string> names;
+  std::atomic<int> runs{0};
+  RetentionRemover remover([&] {
+    char name[16] = {};
+    pthread_getname_np(pthread_self(), name, sizeof(name));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    {
+      std::lock_guard lock(mu);
+      names.emplace_back(name);
+    }
+    ++runs;
+  });
+  remover.Ask();
+  remover.Wait();
+  EXPECT_GE(runs.load(), 1);
+  remover.Ask();
+  remover.Ask();
+  remover.Wait();
+  EXPECT_GE(runs.load(), 2);
+  std::lock_guard lock(mu);
+  for (const std::string& name : names) EXPECT_EQ(name, kRemoverThreadName);
 }
 
 }  // namespace

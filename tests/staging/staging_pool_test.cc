@@ -186,6 +186,30 @@ TEST_F(StagingPoolTest, OverBudgetLeaseIsInvalidArgument) {
   EXPECT_EQ(pool.in_use(), 0u);
 }
 
+// The engine's packs: memory their chunks' charges already stand for, taken from the top of
+// the region so that leases below stay whole, and not counted as leased a second time.
+TEST_F(StagingPoolTest, TakeChargedComesFromTheTopAndIsNotCountedAsLeased) {
+  StagingPool pool(device_, 8 * kPage);
+  auto low = pool.lease(2 * kPage);
+  ASSERT_TRUE(low.ok());
+  StagingLease pack = pool.take_charged(3 * kPage);
+  ASSERT_NE(pack.data(), nullptr);
+  EXPECT_EQ(pack.data(), low->data() + 5 * kPage);  // the top three pages
+  EXPECT_EQ(pool.in_use(), 2 * kPage);
+  EXPECT_EQ(pool.high_water(), 5 * kPage);                  // memory all the same
+  EXPECT_EQ(pool.take_charged(4 * kPage).data(), nullptr);  // three pages left
+  auto rest = pool.try_lease(3 * kPage);
+  ASSERT_TRUE(rest.ok());
+  EXPECT_EQ(rest->data(), low->data() + 2 * kPage);
+  pack.reset();
+  EXPECT_EQ(pool.in_use(), 5 * kPage);
+  rest->reset();
+  low->reset();
+  auto all = pool.try_lease(8 * kPage);  // everything coalesced again
+  ASSERT_TRUE(all.ok());
+  EXPECT_NE(all->data(), nullptr);
+}
+
 TEST_F(StagingPoolTest, FreedPiecesCoalesceIntoOneFullBudgetLease) {
   constexpr size_t kPieces = 64;
   StagingPool pool(device_, kPieces * kPage);

@@ -76,6 +76,44 @@ TEST_F(CheckpointStateTest, StateIsWrittenBeforeAnythingIsDeleted) {
   EXPECT_THAT(ops.back(), HasSubstr("remove_tree " + Path(Name(1) + ".deleting-")));
 }
 
+// The engine's commit: the dropped checkpoint leaves the committed namespace durably (rename,
+// sync) before RecordCommittedLeavingRemovals returns; its tree goes only at RemoveRenamed.
+TEST_F(CheckpointStateTest, LeavingRemovalsRenamesDurablyAndRemovesLater) {
+  auto manager = NewManager(1);
+  Commit(*manager, 1, 1);
+  MakeCheckpointDir(Name(2));
+  ASSERT_TRUE(manager->RecordCommittedLeavingRemovals(Name(2), 2).ok());
+  const std::vector<std::string> ops = faulty_->ops();
+  ASSERT_GE(ops.size(), 2u);
+  EXPECT_EQ(ops[ops.size() - 2], "rename " + Path(Name(1)));
+  EXPECT_EQ(ops.back(), "sync_dir " + dir_);
+  EXPECT_EQ(faulty_->count("remove_tree"), 0);
+  EXPECT_TRUE(manager->HasRenamed());
+  const std::set<std::string> left = Entries();
+  EXPECT_FALSE(left.contains(Name(1)));
+  EXPECT_EQ(std::count_if(
+                left.begin(), left.end(),
+                [&](const std::string& name) { return name.starts_with(Name(1) + ".deleting-"); }),
+            1);
+  EXPECT_EQ(ReadState().all_model_checkpoint_paths, std::vector<std::string>{Name(2)});
+  EXPECT_TRUE(manager->RemoveRenamed());
+  EXPECT_FALSE(manager->HasRenamed());
+  EXPECT_FALSE(manager->RemoveRenamed());
+  EXPECT_EQ(faulty_->count("remove_tree"), 1);
+  EXPECT_THAT(Entries(), UnorderedElementsAre("checkpoint", Name(2)));
+}
+
+// A manager destroyed with renamed trees left removes them.
+TEST_F(CheckpointStateTest, LeftRemovalsAreDoneWhenTheManagerGoes) {
+  {
+    auto manager = NewManager(1);
+    Commit(*manager, 1, 1);
+    MakeCheckpointDir(Name(2));
+    ASSERT_TRUE(manager->RecordCommittedLeavingRemovals(Name(2), 2).ok());
+  }
+  EXPECT_THAT(Entries(), UnorderedElementsAre("checkpoint", Name(2)));
+}
+
 TEST_F(CheckpointStateTest, KeepEveryNHoursPreservesWhatTensorFlowWould) {
   // One hour, commits every 1000 s from a clock that read 0 at construction: the first
   // checkpoint at or after 3600 s is preserved (4000), then at or after 7200 (8000), 10800
