@@ -70,13 +70,18 @@ def mean_ceiling(taken):
     return out
 
 
-def fio_job(directory, size, rw, direct):
-    """One fio job over a fresh file in `directory`: MB/s as fio reports it, or None."""
+def fio_job(directory, size, rw, direct, preallocate=True):
+    """One fio job over a fresh file in `directory`: MB/s as fio reports it, or None.
+
+    fio preallocates a file before it times the writes (fallocate); on tmpfs that allocates and
+    zeroes every page outside the timed part, so the timed write only overwrites memory. A
+    checkpoint writes new files, which allocate as they are written: `preallocate=False`
+    (--fallocate=none) measures that."""
     target = os.path.join(directory, "fio.dat")
     engine = ["--ioengine=io_uring", f"--iodepth={FIO_QD}"] if direct else ["--ioengine=psync"]
     cmd = ["fio", "--name=limit", f"--filename={target}", f"--rw={rw}", "--bs=1M",
            f"--direct={1 if direct else 0}", f"--size={size}", "--end_fsync=1",
-           "--output-format=json"] + engine
+           "--output-format=json"] + engine + ([] if preallocate else ["--fallocate=none"])
     r = rb.run(cmd)
     try:
         if r.returncode != 0:
@@ -133,14 +138,17 @@ def measure_size(args, size):
         out["ceiling"][cores] = mean_ceiling(taken)
 
     rb.log(f"== {rb.size_name(size)}: tmpfs ({args.shm_dir})")
-    fio_shm = fio_job(args.shm_dir, size, "write", False)
-    rb.log(f"    fio buffered write + fsync {fmt_mb(fio_shm)}")
+    fio_shm = fio_job(args.shm_dir, size, "write", False, preallocate=False)
+    fio_shm_overwrite = fio_job(args.shm_dir, size, "write", False)
+    rb.log(f"    fio buffered write + fsync of a new file {fmt_mb(fio_shm)} "
+           f"(into a preallocated one: {fmt_mb(fio_shm_overwrite)})")
     save_steps, steps = calibrate(args, size, 8, fio_shm or 1e9, "shm", args.shm_dir)
     shm_args = copy.copy(args)
     shm_args.restore_runs = 1
     m = run_train_sim(shm_args, size, 8, "async-uring", save_steps, steps, "shm-async",
                       args.shm_dir)
-    out["tmpfs"] = {"fio_write_bps": fio_shm, "persist_bps": persist(m),
+    out["tmpfs"] = {"fio_write_bps": fio_shm, "fio_overwrite_bps": fio_shm_overwrite,
+                    "persist_bps": persist(m),
                     "blocked_over_memcpy": m.get("blocked_over_memcpy_median"),
                     "blocked_s": m.get("blocked_seconds_per_save_median"),
                     "memcpy_s": m.get("state_memcpy_seconds"), "save_steps": save_steps}
@@ -223,8 +231,10 @@ def targets(results):
                 "<= 1.20", t["blocked_over_memcpy"] <= 1.2)
         if t.get("persist_bps") and t.get("fio_write_bps"):
             x = t["persist_bps"] / t["fio_write_bps"]
-            add(f"tmpfs, persist / fio buffered write + fsync, {size_key}", f"{x:.2f}",
-                ">= 0.80", x >= 0.8, f"{fmt_mb(t['persist_bps'])} / {fmt_mb(t['fio_write_bps'])}")
+            add(f"tmpfs, persist / fio buffered write + fsync of a new file, {size_key}",
+                f"{x:.2f}", ">= 0.80", x >= 0.8,
+                f"{fmt_mb(t['persist_bps'])} / {fmt_mb(t['fio_write_bps'])}; into a "
+                f"preallocated file {fmt_mb(t.get('fio_overwrite_bps'))}")
         d = r["disk"]
         if d.get("persist_over_limit") is not None:
             add(f"disk, update running, persist / fio O_DIRECT write, {size_key}",
