@@ -22,7 +22,7 @@ Per state size (8 float32 tensors unless said otherwise):
   small     the same with 10,000 tensors: peak RSS against state + staging + 5%
 
 Each ratio is taken against a limit measured in the same run. Writes
-<out>/bench-sinks.{json,md} and prints every target as met or MISSED.
+<out>/bench-sinks.{json,md} (bench-sinks-<sizes>.* for other sizes) and prints every target as met or MISSED.
 """
 
 import argparse
@@ -125,19 +125,25 @@ def calibrate(args, size, tensors, write_bps, tag, bench_dir=None):
     return save_steps, 4 * save_steps
 
 
-def measure_size(args, size):
-    out = {"ceiling": {}, "tmpfs": {}, "disk": {}, "small": {}}
-    rb.log(f"\n== {rb.size_name(size)}: engine ceiling, null sink")
-    # Alternating 1, all, 1, all: the load of a shared machine drifts within minutes, so each
-    # side gets the mean of two runs taken in turn.
-    runs = {}
-    for _ in range(CEILING_REPEATS):
-        for cores in sorted({1, os.cpu_count()}):
-            runs.setdefault(cores, []).append(engine_ceiling(args, size, cores))
-    for cores, taken in runs.items():
-        out["ceiling"][cores] = mean_ceiling(taken)
+TMPFS_CHECKPOINTS = 3  # the latest two kept, and the one being written
 
-    rb.log(f"== {rb.size_name(size)}: tmpfs ({args.shm_dir})")
+
+def result_name(args):
+    """bench-sinks for the default 1 GiB; other sizes are named, so they do not replace it."""
+    return "bench-sinks" if args.sizes == "1GiB" else "bench-sinks-" + args.sizes.replace(",", "-")
+
+
+def tmpfs_fits(size):
+    """Whether the state, its staging and TMPFS_CHECKPOINTS checkpoints in /dev/shm fit in the
+    memory available now, with a quarter of it to spare."""
+    with open("/proc/meminfo") as f:
+        available = next(int(line.split()[1]) * 1024 for line in f
+                         if line.startswith("MemAvailable:"))
+    return (2 + TMPFS_CHECKPOINTS) * size <= 0.75 * available
+
+
+def measure_tmpfs(args, size, out):
+    """train-sim with its checkpoints on tmpfs beside fio's buffered write there."""
     fio_shm = fio_job(args.shm_dir, size, "write", False, preallocate=False)
     fio_shm_overwrite = fio_job(args.shm_dir, size, "write", False)
     rb.log(f"    fio buffered write + fsync of a new file {fmt_mb(fio_shm)} "
@@ -155,6 +161,26 @@ def measure_size(args, size):
     rb.log(f"    async raw: blocked {out['tmpfs']['blocked_s']:.3f} s "
            f"({out['tmpfs']['blocked_over_memcpy']:.2f} x memcpy), persist "
            f"{fmt_mb(out['tmpfs']['persist_bps'])}")
+
+
+def measure_size(args, size):
+    out = {"ceiling": {}, "tmpfs": {}, "disk": {}, "small": {}}
+    rb.log(f"\n== {rb.size_name(size)}: engine ceiling, null sink")
+    # Alternating 1, all, 1, all: the load of a shared machine drifts within minutes, so each
+    # side gets the mean of two runs taken in turn.
+    runs = {}
+    for _ in range(CEILING_REPEATS):
+        for cores in sorted({1, os.cpu_count()}):
+            runs.setdefault(cores, []).append(engine_ceiling(args, size, cores))
+    for cores, taken in runs.items():
+        out["ceiling"][cores] = mean_ceiling(taken)
+
+    rb.log(f"== {rb.size_name(size)}: tmpfs ({args.shm_dir})")
+    if not tmpfs_fits(size):
+        rb.log(f"    skipped: the state, its staging and {TMPFS_CHECKPOINTS} checkpoints in "
+               f"/dev/shm would take more than the memory available")
+    else:
+        measure_tmpfs(args, size, out)
 
     for layout, tensors in (("disk", 8), ("small", 10000)):
         rb.log(f"== {rb.size_name(size)}: disk ({args.bench_dir}), {tensors} tensors")
@@ -306,15 +332,15 @@ def main():
         report["results"][rb.size_name(size)] = measure_size(args, size)
     report["targets"] = targets(report["results"])
     report["seconds"] = time.time() - started
-    with open(os.path.join(args.out, "bench-sinks.json"), "w") as f:
+    with open(os.path.join(args.out, result_name(args) + ".json"), "w") as f:
         json.dump(report, f, indent=1, default=str)
-    with open(os.path.join(args.out, "bench-sinks.md"), "w") as f:
+    with open(os.path.join(args.out, result_name(args) + ".md"), "w") as f:
         f.write(markdown(report) + "\n")
     rb.log("\n== targets (reported, not asserted)")
     for t in report["targets"]:
         rb.log(f"  {'met   ' if t['met'] else 'MISSED'}  {t['target']}: {t['value']} "
                f"(goal {t['goal']}) {t['note']}")
-    rb.log(f"\nwrote {args.out}/bench-sinks.json, .md in {report['seconds']:.0f} s")
+    rb.log(f"\nwrote {args.out}/{result_name(args)}.json, .md in {report['seconds']:.0f} s")
 
 
 if __name__ == "__main__":
