@@ -129,7 +129,11 @@ class SaveGraph::Impl {
     pump_->Kick();
   }
 
+  // oneTBB's graph::wait_for_all writes the graph's own flags unguarded, so the pump and an
+  // engine caller must not run it at once; the lock is taken outside the arena, so no worker
+  // of the arena ever blocks on it.
   void WaitAll() {
+    std::lock_guard lock(wait_all_mu_);
     if (graph_) arena_.execute([&] { graph_->wait_for_all(); });
   }
 
@@ -203,6 +207,7 @@ class SaveGraph::Impl {
   tbb::enumerable_thread_specific<codec::Scratch> scratch_;
   std::atomic<int64_t> in_flight_{0};  // changed under flight_mu_, read anywhere
   std::mutex flight_mu_;
+  std::mutex wait_all_mu_;               // one graph::wait_for_all at a time (WaitAll)
   std::condition_variable flight_done_;  // a save left the flight
   // Chunks handed to the encoders and not yet encoded, and chunks placed or writes submitted
   // and not yet done: together they tell when encoding is the bottleneck.
