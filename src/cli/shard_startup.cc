@@ -45,7 +45,11 @@ std::string Optional(const auto& value) {
 
 std::string Joined(const std::set<int64_t>& steps) {
   std::string text;
-  for (int64_t step : steps) text += (text.empty() ? "" : ",") + std::to_string(step);
+  for (int64_t step : steps) {
+    // Appended piece by piece: GCC 12's -O3 -Wrestrict misfires on "literal" + std::string&&.
+    if (!text.empty()) text += ',';
+    text += std::to_string(step);
+  }
   return text.empty() ? std::string("none") : text;
 }
 
@@ -114,7 +118,8 @@ Status AgreeOnConfig(Coordinator& coordinator, const Result<TrainSimConfig>& con
   }
   std::string message;
   for (const auto& [error, ranks] : errors) {
-    message += (message.empty() ? "" : "; ") + ranks + ": " + error;
+    if (!message.empty()) message += "; ";
+    message += ranks + ": " + error;
   }
   if (message.empty()) message = DescribeDisagreement(options);
   if (message.empty()) return Status::OK();

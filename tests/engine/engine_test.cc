@@ -639,16 +639,12 @@ TEST_F(EngineTest, PacksOfManySmallTensorsLiveInStagingNotBesideIt) {
   std::vector<std::vector<uint8_t>> tensors(kTensors, std::vector<uint8_t>(kBytes));
   for (size_t t = 0; t < kTensors; ++t) {
     for (size_t i = 0; i < kBytes; ++i) tensors[t][i] = uint8_t(t * 131 + i);
-    ASSERT_TRUE(registry_
-                    .add({"t" + std::to_string(t),
-                          DType::kU8,
-                          {int64_t(kBytes)},
-                          tensors[t].data(),
-                          kBytes,
-                          nullptr,
-                          {},
-                          {}})
-                    .ok());
+    std::string name = "t";  // not "t" + ...: GCC 12's -O3 -Wrestrict misfires on that
+    name += std::to_string(t);
+    ASSERT_TRUE(
+        registry_
+            .add({name, DType::kU8, {int64_t(kBytes)}, tensors[t].data(), kBytes, nullptr, {}, {}})
+            .ok());
   }
   testing_support::SlowFileSystem slow(posix_.get(), std::chrono::milliseconds(2));
   EngineOptions options = Options();
