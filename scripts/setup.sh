@@ -10,6 +10,8 @@ PACKAGES=(build-essential cmake ninja-build pkg-config git libtbb-dev liburing-d
 # The Python package (python/), its tests, the PyTorch example and its benchmark, all for Debian's
 # /usr/bin/python3 (CMake picks that interpreter; see cmake/AsyncckptPython.cmake).
 PACKAGES+=(python3-dev pybind11-dev python3-numpy python3-torch python3-sklearn python3-pytest)
+# Installing it as Python packages are (pyproject.toml; the pip install and wheel test).
+PACKAGES+=(python3-setuptools python3-wheel python3-pip python3-venv python3-build)
 # The fuzz targets (fuzz/, scripts/fuzz): clang and its libFuzzer runtime.
 PACKAGES+=(clang-14 libclang-rt-14-dev)
 # Multi-process checkpoints (ASYNCCKPT_MPI, the asyncckpt_mpi library and its mpirun tests).
