@@ -77,8 +77,9 @@ def _saveable_container(value, names, active):
     return value
 
 
-def _swap_in(value, swapped):
-    """Puts each stateful object's state dict in its place (dicts and lists, in place)."""
+def _swap_in(value, swapped, names=None, active=None):
+    """Puts each stateful object's state dict in its place (dicts and lists, in place), bounded
+    as the tree's flatten is: a cycle or a state nested too deep is a ValueError."""
     if isinstance(value, dict):
         positions = value.items()
     elif isinstance(value, list):
@@ -88,12 +89,18 @@ def _swap_in(value, swapped):
             raise TypeError("a stateful object inside a tuple cannot be restored in place; "
                             "put it in a dict or list")
         return
-    for key, child in list(positions):
-        if is_stateful(child):
-            value[key] = state_dict_of(child)
-            swapped.append((value, key, child))
-        else:
-            _swap_in(child, swapped)
+    names = [] if names is None else names
+    active = set() if active is None else active
+    _tree.enter_container(value, names, active)
+    try:
+        for key, child in list(positions):
+            if is_stateful(child):
+                value[key] = state_dict_of(child)
+                swapped.append((value, key, child))
+            else:
+                _swap_in(child, swapped, names + [str(key)], active)
+    finally:
+        active.discard(id(value))
 
 
 @contextlib.contextmanager

@@ -477,6 +477,10 @@ def test_a_cyclic_or_too_deep_state_is_a_clear_error(ckpt_dir, state, message):
     with asyncckpt.CheckpointManager(ckpt_dir) as manager:
         with pytest.raises(ValueError, match=message):
             manager.save(1, value)
+        manager.save(1, {"w": torch.ones(1)})
+        manager.wait_until_finished()
+        with pytest.raises(ValueError, match=message):  # restoring into it is bounded too
+            manager.restore(value if isinstance(value, list) else {"w": torch.ones(1), **value})
 
 
 def test_chunk_bytes_below_the_cli_floor_is_refused(ckpt_dir):
