@@ -336,17 +336,6 @@ void Engine::Impl::WaitForStreamOrderedCopies(SaveJob& save) {
 
 namespace {
 
-// One batch's fence, shared by each of its chunks; the graph waits on it per chunk.
-class SharedFence final : public CopyFence {
- public:
-  explicit SharedFence(std::shared_ptr<CopyFence> fence) : fence_(std::move(fence)) {}
-  Status wait() override { return fence_->wait(); }
-  bool ready() override { return fence_->ready(); }
-
- private:
-  std::shared_ptr<CopyFence> fence_;
-};
-
 // Extends the last region by `bytes` when [src, dst) continue it on both sides.
 bool Extend(std::vector<CopyRegion>& regions, const uint8_t* src, uint8_t* dst, size_t bytes) {
   if (regions.empty()) return false;
@@ -396,8 +385,9 @@ std::vector<ChunkMsg*> Engine::Impl::EnqueueDeviceCopies(SaveJob& save,
       save.Fail(fence.status().WithContext(save.final_name + ": snapshot copy"));
       return;
     }
+    // One fence for the batch, shared by its chunks: the encoder waits on it per chunk.
     std::shared_ptr<CopyFence> shared = std::move(fence).value();
-    for (ChunkMsg* msg : batch) msg->fence = std::make_unique<SharedFence>(shared);
+    for (ChunkMsg* msg : batch) msg->fence = shared;
   });
   return rest;
 }

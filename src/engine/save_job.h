@@ -146,7 +146,7 @@ struct ChunkMsg {
   /// The snapshot's bytes in staging; released once written (or copied into a pack).
   StagingLease lease;
   /// Stream-ordered mode: the copy to wait for before encoding.
-  std::unique_ptr<CopyFence> fence;
+  std::shared_ptr<CopyFence> fence;
   /// The encoded bytes when they do not live in staging.
   PooledBuffer out;
   /// The encoder's result: codec, stored bytes, checksum.
