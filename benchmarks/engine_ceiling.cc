@@ -205,7 +205,8 @@ CodecResult RunCodec(const Options& options, const std::string& codec,
   TensorRegistry registry;
   for (size_t t = 0; t < state.size(); ++t) {
     TensorRef ref;
-    ref.name = "t" + std::to_string(t);
+    ref.name = "t";  // appended: GCC 12 -O3 -Wrestrict misfires on "t" + std::string&&
+    ref.name += std::to_string(t);
     ref.dtype = DType::kF32;
     ref.shape = {static_cast<int64_t>(state[t].size())};
     ref.data = state[t].data();
