@@ -13,7 +13,7 @@ macro(asyncckpt_setup_fuzzing)
   if(ASYNCCKPT_FUZZ)
     if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
       message(FATAL_ERROR "ASYNCCKPT_FUZZ needs clang (libFuzzer), not ${CMAKE_CXX_COMPILER_ID}: "
-                          "configure with -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_C_COMPILER=clang-14, "
+                          "configure with -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_C_COMPILER=clang, "
                           "or run scripts/fuzz")
     endif()
     if(ASYNCCKPT_TSAN)

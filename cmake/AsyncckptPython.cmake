@@ -1,10 +1,11 @@
 # The Python package (python/): built when Python 3's development files and pybind11 are found
 # (ASYNCCKPT_PYTHON=AUTO) or demanded (ON).
 #
-# The interpreter is /usr/bin/python3 when it exists and Python3_EXECUTABLE is not given: Debian's
-# python3-torch, python3-numpy and python3-pytest belong to it, and a python3 found first on PATH
-# (pyenv, a virtual environment) usually cannot import them. Pass -DPython3_EXECUTABLE=... to
-# build for another interpreter.
+# The interpreter: Python3_EXECUTABLE when given (scikit-build-core gives it for `pip install .`;
+# scripts/setup.sh gives .venv/bin/python), else the project's environment .venv/ when it exists,
+# else the python3 that CMake finds first. pybind11 comes from CMake's search paths, else from
+# that interpreter (`python -m pybind11 --cmakedir`: the pybind11 of requirements.txt, or of the
+# build's isolated environment).
 #
 # Sets ASYNCCKPT_WITH_PYTHON and, when ON, ASYNCCKPT_PYTHON_INSTALL_DIR (relative to the install
 # prefix).
@@ -16,13 +17,13 @@ macro(asyncckpt_find_python)
     # An instrumented extension cannot be loaded into an uninstrumented interpreter.
     message(STATUS "asyncckpt: Python package off in sanitizer builds")
   else()
-    if(NOT Python3_EXECUTABLE AND EXISTS /usr/bin/python3)
-      set(Python3_EXECUTABLE /usr/bin/python3 CACHE FILEPATH
+    if(NOT Python3_EXECUTABLE AND EXISTS ${PROJECT_SOURCE_DIR}/.venv/bin/python)
+      set(Python3_EXECUTABLE ${PROJECT_SOURCE_DIR}/.venv/bin/python CACHE FILEPATH
           "The Python interpreter the asyncckpt package is built for")
     endif()
     find_package(Python3 COMPONENTS Interpreter Development.Module QUIET)
     if(Python3_FOUND)
-      find_package(pybind11 CONFIG QUIET)
+      asyncckpt_find_pybind11()
     endif()
     if(Python3_FOUND AND pybind11_FOUND)
       set(ASYNCCKPT_WITH_PYTHON ON)
@@ -32,10 +33,23 @@ macro(asyncckpt_find_python)
                      "<prefix>/${ASYNCCKPT_PYTHON_INSTALL_DIR}")
     elseif(ASYNCCKPT_PYTHON STREQUAL "ON")
       message(FATAL_ERROR "ASYNCCKPT_PYTHON=ON but Python 3 development files or pybind11 were "
-                          "not found (apt install python3-dev pybind11-dev)")
+                          "not found (scripts/setup.sh makes .venv/ with both)")
     else()
       message(STATUS "asyncckpt: Python 3 development files or pybind11 not found; Python "
-                     "package disabled (apt install python3-dev pybind11-dev)")
+                     "package disabled (scripts/setup.sh makes .venv/ with both)")
+    endif()
+  endif()
+endmacro()
+
+# pybind11's CMake package: from CMake's search paths, else the one the interpreter can import.
+macro(asyncckpt_find_pybind11)
+  find_package(pybind11 CONFIG QUIET)
+  if(NOT pybind11_FOUND)
+    execute_process(COMMAND ${Python3_EXECUTABLE} -m pybind11 --cmakedir
+                    OUTPUT_VARIABLE _asyncckpt_pybind11_dir OUTPUT_STRIP_TRAILING_WHITESPACE
+                    RESULT_VARIABLE _asyncckpt_pybind11_failed ERROR_QUIET)
+    if(NOT _asyncckpt_pybind11_failed)
+      find_package(pybind11 CONFIG QUIET PATHS ${_asyncckpt_pybind11_dir} NO_DEFAULT_PATH)
     endif()
   endif()
 endmacro()
