@@ -62,6 +62,10 @@ function(asyncckpt_python_install_dir)
   if(ASYNCCKPT_PYTHON_INSTALL_DIR)
     return()
   endif()
+  if(ASYNCCKPT_PYTHON_WHEEL)
+    set(ASYNCCKPT_PYTHON_INSTALL_DIR . CACHE STRING "The wheel's platlib is the install prefix")
+    return()
+  endif()
   set(script [=[
 import os, sys, sysconfig
 prefix = os.path.realpath(sys.argv[1])
