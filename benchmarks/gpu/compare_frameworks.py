@@ -7,6 +7,10 @@ on ``--gib`` GiB of fp32 state in ``--tensors`` GPU tensors, and prints one JSON
     dcp           torch.distributed.checkpoint.async_save, default stager; dcp.load
     dcp_pinned    async_save with DefaultStager(StagingOptions(use_pinned_memory=True, ...))
     orbax         orbax.checkpoint async save of JAX arrays; restore onto the GPU
+    asyncckpt     asyncckpt.CheckpointManager, asynchronous (blocked = until the state may
+                  change again; durable = wait_until_finished); restore into GPU tensors
+    asyncckpt_stream_ordered   the same with cuda_stream_ordered=True: save returns once the
+                  copies are enqueued on the GPU
 
 Per part: the blocked time of the first save and the median of the later ones, the time to
 durable, and the restore's seconds and GB/s (the files dropped from the page cache first). A
@@ -182,11 +186,42 @@ def part_orbax(args, where):
     return summary(blocked, durable, restore, size)
 
 
+def part_asyncckpt(args, where, stream_ordered):
+    import torch
+
+    import asyncckpt
+    state = torch_state(args)
+    size = sum(t.numel() * 4 for t in state.values())
+    blocked, durable = [], []
+    with asyncckpt.CheckpointManager(where, max_to_keep=1,
+                                     cuda_stream_ordered=stream_ordered) as manager:
+        for step in range(1, args.saves + 1):
+            synchronize(args)
+            start = time.perf_counter()
+            manager.save(step, state)
+            blocked.append(time.perf_counter() - start)
+            manager.wait_until_finished()
+            durable.append(time.perf_counter() - start)
+    drop_cache(where)
+    back = {k: torch.empty_like(v) for k, v in state.items()}
+    with asyncckpt.CheckpointManager(where) as manager:
+        start = time.perf_counter()
+        restored = manager.restore(back)
+        synchronize(args)
+        restore = time.perf_counter() - start
+    assert restored == args.saves, restored
+    assert all(torch.equal(back[k], state[k]) for k in state), "asyncckpt is not bit-exact"
+    return summary(blocked, durable, restore, size)
+
+
 PARTS = {
     "torch_save": part_torch_save,
     "dcp": lambda args, where: part_dcp(args, where, pinned=False),
     "dcp_pinned": lambda args, where: part_dcp(args, where, pinned=True),
     "orbax": part_orbax,
+    "asyncckpt": lambda args, where: part_asyncckpt(args, where, stream_ordered=False),
+    "asyncckpt_stream_ordered": lambda args, where: part_asyncckpt(args, where,
+                                                                   stream_ordered=True),
 }
 
 
@@ -222,7 +257,8 @@ def main():
     results = {}
     for part in args.parts.split(","):
         command = [sys.executable, __file__, "--part", part, "--dir", args.dir, "--gib",
-                   str(args.gib), "--tensors", str(args.tensors), "--saves", str(args.saves), "--device", args.device]
+                   str(args.gib), "--tensors", str(args.tensors), "--saves", str(args.saves),
+                   "--device", args.device]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout,
                                   check=False)
