@@ -43,11 +43,8 @@ CANONICAL_OF_STORED = {stored: name for name, (stored, is_complex) in STORED.ite
 
 
 def torch_dtype_name(dtype):
-    """'float32' for torch.float32 ('complex32' for torch.chalf)."""
-    name = str(dtype).replace("torch.", "")
-    if name == "chalf":
-        name = "complex32"
-    return name
+    """'float32' for torch.float32 (and 'complex32' for its alias torch.chalf)."""
+    return str(dtype).replace("torch.", "")
 
 
 def numpy_dtype_name(dtype):
@@ -69,8 +66,6 @@ def torch_dtype(canonical):
     """The torch dtype of a canonical name, or None when this torch has none."""
     import torch
 
-    if canonical == "complex32":
-        return getattr(torch, "complex32", None)
     dtype = getattr(torch, canonical, None)
     return dtype if isinstance(dtype, torch.dtype) else None
 

@@ -51,12 +51,7 @@ class UpdateWaitHandle:
     def __init__(self, manager, optimizer):
         self._manager = weakref.ref(manager)
         self._active = True
-        register = getattr(optimizer, "register_step_pre_hook", None)
-        if register is not None:  # torch >= 2.0
-            self._torch_handle = register(self._pre_hook)
-        else:
-            self._torch_handle = None
-            self._wrap_step(optimizer)
+        self._torch_handle = optimizer.register_step_pre_hook(self._pre_hook)
 
     def _pre_hook(self, optimizer, args, kwargs):
         del optimizer, args, kwargs
@@ -64,25 +59,12 @@ class UpdateWaitHandle:
         if self._active and manager is not None:
             manager.wait_for_snapshot_copies()
 
-    def _wrap_step(self, optimizer):
-        # torch before 2.0 has no step pre-hooks: the instance's step runs the hook first. Left
-        # in place by remove() (only switched off), so that wrappers added later (an LR
-        # scheduler's step counter) stay whole.
-        step = optimizer.step
-
-        def step_after_the_copies(*args, **kwargs):
-            self._pre_hook(optimizer, args, kwargs)
-            return step(*args, **kwargs)
-
-        optimizer.step = step_after_the_copies
-
     def remove(self) -> None:
         """Takes the hook off; idempotent."""
         if not self._active:
             return
         self._active = False
-        if self._torch_handle is not None:
-            self._torch_handle.remove()
+        self._torch_handle.remove()
         manager = self._manager()
         if manager is not None:
             manager._update_wait_removed()  # pylint: disable=protected-access
