@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Sharded checkpoints of a job of several processes (issue 11), on this one machine.
 
 Run through scripts/bench-distributed (which builds first); by hand:
 
-    /usr/bin/python3 benchmarks/distributed_bench.py --build build --bench-dir /work/bench-tmp
+    .venv/bin/python benchmarks/distributed_bench.py --build build --bench-dir /work/bench-tmp
 
 For the same total state, it runs `asyncckpt train-sim` as one process (no --shard, the
 reference) and under `mpirun -np N ... train-sim --shard` for each N of --ranks, and reports:

@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The evidence of issue 9 in one run: asyncckpt's savers beside the machine's limits.
 
 Run through scripts/bench (which builds first); by hand:
 
-    /usr/bin/python3 benchmarks/run_bench.py --build build --bench-dir /work/bench-tmp [--quick]
+    .venv/bin/python benchmarks/run_bench.py --build build --bench-dir /work/bench-tmp [--quick]
 
 In one checkpoint directory's file system it measures, per state size:
 

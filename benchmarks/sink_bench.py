@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Issue 17's targets in one run: the engine at the speed of any sink, each beside its limit.
 
 Run through `scripts/bench --sinks` (which builds first); by hand:
 
-    /usr/bin/python3 benchmarks/sink_bench.py --build build --bench-dir /work/bench-tmp \
+    .venv/bin/python benchmarks/sink_bench.py --build build --bench-dir /work/bench-tmp \
         --shm-dir /dev/shm/asyncckpt-bench [--sizes 1GiB,4GiB]
 
 Per state size (8 float32 tensors unless said otherwise):
