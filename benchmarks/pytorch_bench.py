@@ -305,23 +305,24 @@ def gib(value):
 def markdown(results, meta):
     none = next((r for r in results if r["variant"] == "none"), None)
     lines = [
-        f"State: {gib(meta['state_bytes'])} GiB ({meta['parameter_bytes'] / 2**20:.0f} MiB of "
-        f"parameters + Adam), {meta['steps']} steps per variant, a save every "
-        f"{meta['save_every']} steps; {meta['machine']}.",
+        (f"State: {gib(meta['state_bytes'])} GiB ({meta['parameter_bytes'] / 2**20:.0f} MiB of "
+         f"parameters + Adam), {meta['steps']} steps per variant, a save every "
+         f"{meta['save_every']} steps; {meta['machine']}."),
         "",
-        "| variant | blocked s/save (median / max) | step p50 s (vs none) | step p99 s (vs none) "
-        "| to durable s (median) | bytes on disk | peak RSS GiB |",
+        ("| variant | blocked s/save (median / max) | step p50 s (vs none) | step p99 s (vs none) "
+         "| to durable s (median) | bytes on disk | peak RSS GiB |"),
         "|---|---|---|---|---|---|---|",
     ]
+    def ratio(r, key):
+        return f" ({r[key] / none[key]:.3f}x)" if none and none[key] > 0 else ""
+
     for r in results:
-        def ratio(key):
-            return f" ({r[key] / none[key]:.3f}x)" if none and none[key] > 0 else ""
         blocked = (f"{r['blocked_median']:.4f} / {r['blocked_max']:.4f}" if r["saves"] else "-")
         durable = f"{r['durable_median']:.3f}" if r["durable_seconds"] else "-"
         rss = gib(r["peak_rss_bytes"]) if r["peak_rss_bytes"] is not None else "n/a"
         on_disk = f"{r['bytes_on_disk'] / 2**30:.3f} GiB" if r["bytes_on_disk"] else "-"
-        lines.append(f"| {r['variant']} | {blocked} | {r['step_p50']:.4f}{ratio('step_p50')} | "
-                     f"{r['step_p99']:.4f}{ratio('step_p99')} | {durable} | {on_disk} | {rss} |")
+        lines.append(f"| {r['variant']} | {blocked} | {r['step_p50']:.4f}{ratio(r, 'step_p50')} | "
+                     f"{r['step_p99']:.4f}{ratio(r, 'step_p99')} | {durable} | {on_disk} | {rss} |")
     by_name = {r["variant"]: r for r in results}
     ours = by_name.get("asyncckpt-async")
     if ours and ours["blocked_median"] > 0:

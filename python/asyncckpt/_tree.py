@@ -20,9 +20,7 @@ import sys
 
 import numpy as np
 
-from . import _dtypes
-from . import _pickled
-from . import _shared
+from . import _dtypes, _pickled, _shared
 
 TREE_KEY_PREFIX = "asyncckpt.python.tree."
 FORMAT_KEY = "asyncckpt.python.format"
@@ -68,7 +66,7 @@ def _contains_array(value):
 class Leaf:
     """One tensor to save: its name, stored dtype and shape, and memory (kept alive here)."""
 
-    __slots__ = ("name", "stored_dtype", "stored_shape", "array", "address", "nbytes", "cuda")
+    __slots__ = ("address", "array", "cuda", "name", "nbytes", "stored_dtype", "stored_shape")
 
     def spec(self):
         return (self.name, self.stored_dtype, self.stored_shape, self.address, self.nbytes,
@@ -345,7 +343,7 @@ def new_array(node, where):
     if node["k"] == "torch":
         torch = _torch()
         if torch is None:
-            import torch  # noqa: F811 - a torch tensor is rebuilt as one
+            import torch  # a torch tensor is rebuilt as one, though the program has none
         dtype = _dtypes.torch_dtype(canonical)
         if dtype is None:
             raise TypeError(f"tensor at {where} has dtype {canonical}, which this torch "

@@ -7,16 +7,13 @@ import dataclasses
 import os
 import warnings
 import weakref
-from typing import Any, Mapping, Optional, Union
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Union
 
-from . import _core
-from . import _dtypes
-from . import _logging
-from . import _pickled
-from . import _stateful
-from . import _steps
-from . import _streams
-from . import _tree
+from . import _core, _dtypes, _logging, _pickled, _stateful, _steps, _streams, _tree
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 StrPath = Union[str, "os.PathLike[str]"]
 
@@ -30,7 +27,7 @@ class SaveStats:
     step: int
     path: str  #: the committed checkpoint directory ("" when the save failed before its commit)
     ok: bool
-    error: Optional[str]  #: why it failed, or None
+    error: str | None  #: why it failed, or None
     bytes_raw: int  #: bytes of tensor data
     bytes_stored: int  #: bytes written to data files
     chunks_by_codec: dict  #: chunks written per codec ("raw", "zstd", "shuffle+zstd")
@@ -106,8 +103,8 @@ class CheckpointManager:
     Not thread-safe beyond this: calls from several threads are serialised.
     """
 
-    def __init__(self, directory: StrPath, *, save_steps: Optional[int] = None,
-                 save_secs: Optional[float] = None, max_to_keep: int = 5,
+    def __init__(self, directory: StrPath, *, save_steps: int | None = None,
+                 save_secs: float | None = None, max_to_keep: int = 5,
                  keep_checkpoint_every_n_hours: float = 0, compression: str = "shuffle+zstd",
                  compression_level: int = 1, staging_bytes: int = 0, on_busy: str = "wait",
                  on_error: str = "stop", asynchronous: bool = True, basename: str = "model.ckpt",
@@ -115,7 +112,7 @@ class CheckpointManager:
                  num_data_files: int = _core.DEFAULT_NUM_DATA_FILES,
                  background_threads: int = 0, queue_depth: int = _core.DEFAULT_QUEUE_DEPTH,
                  use_o_direct: bool = True, force_posix_io: bool = False,
-                 metadata: Optional[Mapping[str, str]] = None,
+                 metadata: Mapping[str, str] | None = None,
                  allow_fresh_start: bool = False,
                  cuda_stream_ordered: bool = False) -> None:
         if cuda_stream_ordered:
@@ -233,7 +230,7 @@ class CheckpointManager:
         gpus, self._copying_gpus = self._copying_gpus, set()
         _streams.wait_on_current_streams(gpus)
 
-    def wait_before_update(self, optimizer: Any) -> "_streams.UpdateWaitHandle":
+    def wait_before_update(self, optimizer: Any) -> _streams.UpdateWaitHandle:
         """Registers an ``optimizer.step()`` pre-hook that calls ``wait_for_snapshot_copies``:
         the forward and backward passes after a stream-ordered save only read the parameters,
         so the copy (on a non-blocking stream of the device's own) can overlap them, and only
@@ -272,7 +269,7 @@ class CheckpointManager:
             _logging.drain()
         self._warn_about_failures()
 
-    def __enter__(self) -> "CheckpointManager":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type, exc, traceback) -> None:
@@ -308,7 +305,7 @@ class CheckpointManager:
         """Steps of the retained checkpoints, oldest first (committed saves only)."""
         return list(self._core.all_steps())
 
-    def latest_step(self) -> Optional[int]:
+    def latest_step(self) -> int | None:
         """The newest retained step, or None."""
         return self._core.latest_step()
 
@@ -322,8 +319,8 @@ class CheckpointManager:
 
     # ---- restoring -------------------------------------------------------------------------
 
-    def restore(self, state: Union[dict, list], step: Optional[int] = None, *,
-                allow_pickle: bool = False) -> Optional[int]:
+    def restore(self, state: dict | list, step: int | None = None, *,
+                allow_pickle: bool = False) -> int | None:
         """Fills ``state`` in place from checkpoint ``step`` (the latest when None).
 
         Tensors and arrays are read straight into their memory, every chunk verified; their
@@ -366,7 +363,7 @@ class CheckpointManager:
                 + "; ".join(damaged) + ". Inspect them (asyncckpt verify), restore a good copy, "
                 "or delete them or pass allow_fresh_start=True to train from step 0")
 
-    def load(self, step: Optional[int] = None, *, allow_pickle: bool = False) -> Any:
+    def load(self, step: int | None = None, *, allow_pickle: bool = False) -> Any:
         """A new state from checkpoint ``step`` (the latest when None), as asyncckpt.load."""
         try:
             reader = self._core.open(None if step is None else _steps.check_step(step))
@@ -456,6 +453,6 @@ def load(path: StrPath, *, allow_pickle: bool = False) -> Any:
         _logging.drain()
 
 
-def latest_checkpoint(directory: StrPath) -> Optional[str]:
+def latest_checkpoint(directory: StrPath) -> str | None:
     """The path of the newest checkpoint in ``directory``, or None."""
     return _core.latest_checkpoint(os.fspath(directory))

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from conftest import SOURCE_DIR  # noqa: E402
+from conftest import SOURCE_DIR
 
 EXAMPLE = SOURCE_DIR / "examples" / "pytorch_train.py"
 STEPS = 400

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-import asyncckpt  # noqa: E402
+import asyncckpt
 
 
 class Counter:
@@ -137,9 +137,8 @@ def test_a_failed_restore_puts_the_objects_back(ckpt_dir):
         manager.save(1, {"counter": Counter(), "w": torch.zeros(2)})
     counter = Counter()
     state = {"counter": counter, "w": torch.zeros(3)}  # the wrong shape
-    with asyncckpt.CheckpointManager(ckpt_dir) as manager:
-        with pytest.raises(ValueError, match="'w'"):
-            manager.restore(state)
+    with asyncckpt.CheckpointManager(ckpt_dir) as manager, pytest.raises(ValueError, match="'w'"):
+        manager.restore(state)
     assert state["counter"] is counter
 
 
@@ -162,9 +161,9 @@ def test_pickle_is_used_only_when_allowed_on_both_sides(ckpt_dir):
         manager.save(1, state, allow_pickle=True)
     with pytest.raises(ValueError, match="pickled value at 'opaque'.*allow_pickle=True"):
         asyncckpt.load(ckpt_dir)
-    with asyncckpt.CheckpointManager(ckpt_dir) as manager:
-        with pytest.raises(ValueError, match="pickled value"):
-            manager.restore({"opaque": None, "fn": None, "w": np.zeros(2)})
+    with asyncckpt.CheckpointManager(ckpt_dir) as manager, \
+            pytest.raises(ValueError, match="pickled value"):
+        manager.restore({"opaque": None, "fn": None, "w": np.zeros(2)})
     loaded = asyncckpt.load(ckpt_dir, allow_pickle=True)
     assert loaded["opaque"] == Opaque({"a": 1}) and loaded["fn"] is os.path.join
     fresh = {"opaque": None, "fn": None, "w": np.zeros(2)}
