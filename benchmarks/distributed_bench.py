@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Sharded checkpoints of a job of several processes (issue 11), on this one machine.
 
 Run through scripts/bench-distributed (which builds first); by hand:
 
-    /usr/bin/python3 benchmarks/distributed_bench.py --build build --bench-dir /work/bench-tmp
+    .venv/bin/python benchmarks/distributed_bench.py --build build --bench-dir /work/bench-tmp
 
 For the same total state, it runs `asyncckpt train-sim` as one process (no --shard, the
 reference) and under `mpirun -np N ... train-sim --shard` for each N of --ranks, and reports:
@@ -38,7 +38,8 @@ def log(*args):
 
 
 def run(cmd, **kwargs):
-    return subprocess.run(cmd, text=True, capture_output=True, **kwargs)
+    """`cmd`'s completed process, its output captured; the caller reads its return code."""
+    return subprocess.run(cmd, text=True, capture_output=True, check=False, **kwargs)
 
 
 def parse_bytes(text):
@@ -162,17 +163,17 @@ def markdown(report):
     a = report["args"]
     lines = [f"# Sharded checkpoints on one machine ({report['machine'].get('cores')} cores)", "",
              f"`{report['command']}`", "",
-             f"{report['machine'].get('cpu', '?')}; {report['machine'].get('mpi', '')}; "
-             f"{report['machine']['date']}, commit {report['machine'].get('commit', '?')}", "",
-             f"State {a['state'] // MiB} MiB ({a['tensors']} tensors x 3 Adam slots, f32), "
-             f"{a['steps']} steps, a save every {a['save_steps']}, raw, "
-             f"{a['chunk_bytes'] // 1024} KiB chunks. Raw write limit "
-             f"{report['limit']['write_bytes_per_second'] / MiB:.0f} MiB/s "
-             f"(io_limits, QD {report['limit']['queue_depth']}).", "",
+             (f"{report['machine'].get('cpu', '?')}; {report['machine'].get('mpi', '')}; "
+              f"{report['machine']['date']}, commit {report['machine'].get('commit', '?')}"), "",
+             (f"State {a['state'] // MiB} MiB ({a['tensors']} tensors x 3 Adam slots, f32), "
+              f"{a['steps']} steps, a save every {a['save_steps']}, raw, "
+              f"{a['chunk_bytes'] // 1024} KiB chunks. Raw write limit "
+              f"{report['limit']['write_bytes_per_second'] / MiB:.0f} MiB/s "
+              f"(io_limits, QD {report['limit']['queue_depth']})."), "",
              "## Saves", "",
-             "| job | rank | shard | blocked per save (median) | memcpy of the shard | "
-             "blocked / memcpy | job time to durable (median) | raw write limit for the state "
-             "| durable / limit |",
+             ("| job | rank | shard | blocked per save (median) | memcpy of the shard | "
+              "blocked / memcpy | job time to durable (median) | raw write limit for the state "
+              "| durable / limit |"),
              "|---|---|---|---|---|---|---|---|---|"]
     for run in report["runs"]:
         s = run["save"]

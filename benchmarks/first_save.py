@@ -1,7 +1,7 @@
 """The Python manager's first save against its later ones, by the wall clock, with and without
 CheckpointManager.prepare. Usage (from the repository root, after building _core):
 
-    PYTHONPATH=build/python python3 benchmarks/first_save.py [--mib 512] [--saves 6]
+    PYTHONPATH=build/python .venv/bin/python benchmarks/first_save.py [--mib 512] [--saves 6]
 """
 
 import argparse

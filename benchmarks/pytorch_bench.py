@@ -1,8 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Checkpointing inside a real PyTorch training loop, five ways side by side in one process.
 
 The loop trains a wide MLP (by default 512 MiB of float32 parameters, so 1.5 GiB of state with
-Adam's two moments) on scikit-learn's handwritten digits and saves every --save-every steps:
+Adam's two moments) on the synthetic 8x8 digits of examples/pytorch_train.py and saves every
+--save-every steps:
 
   none             no checkpointing (the yardstick for step times)
   torch.save       torch.save of the state dict + os.fsync, on the training thread
@@ -16,8 +17,8 @@ Per variant: training-thread blocked seconds per save, step time p50 / p99 and t
 before each variant). Writes benchmarks/results/pytorch_bench-<time>.{json,md} and prints the
 markdown table. Not a test: timings depend on the machine; run it on a quiet one.
 
-    PYTHONPATH=build/python /usr/bin/python3 benchmarks/pytorch_bench.py
-    PYTHONPATH=build/python /usr/bin/python3 benchmarks/pytorch_bench.py --param-mib 32 \\
+    PYTHONPATH=build/python .venv/bin/python benchmarks/pytorch_bench.py
+    PYTHONPATH=build/python .venv/bin/python benchmarks/pytorch_bench.py --param-mib 32 \\
         --width 1024 --steps 20 --save-every 5      # a small run that proves it works
 """
 
@@ -35,9 +36,13 @@ import time
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
 
 import asyncckpt
+
+# The training data is the example's: one generator of it, in the program users copy.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "examples"))
+from pytorch_train import synthetic_digits
 
 VARIANTS = ["none", "torch.save", "dcp-style", "asyncckpt-sync", "asyncckpt-async"]
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -79,9 +84,9 @@ def build_model(param_bytes, width):
 class Job:
     def __init__(self, args):
         torch.manual_seed(0)
-        digits = load_digits()
-        self.x = torch.from_numpy((digits.data / 16.0).astype(np.float32))
-        self.y = torch.from_numpy(digits.target.astype(np.int64))
+        images, labels = synthetic_digits(seed=0)
+        self.x = torch.from_numpy(images.reshape(len(images), 64))
+        self.y = torch.from_numpy(labels)
         self.model = build_model(args.param_mib * 2**20, args.width)
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-4)
         self.batch_size = args.batch_size
@@ -300,23 +305,24 @@ def gib(value):
 def markdown(results, meta):
     none = next((r for r in results if r["variant"] == "none"), None)
     lines = [
-        f"State: {gib(meta['state_bytes'])} GiB ({meta['parameter_bytes'] / 2**20:.0f} MiB of "
-        f"parameters + Adam), {meta['steps']} steps per variant, a save every "
-        f"{meta['save_every']} steps; {meta['machine']}.",
+        (f"State: {gib(meta['state_bytes'])} GiB ({meta['parameter_bytes'] / 2**20:.0f} MiB of "
+         f"parameters + Adam), {meta['steps']} steps per variant, a save every "
+         f"{meta['save_every']} steps; {meta['machine']}."),
         "",
-        "| variant | blocked s/save (median / max) | step p50 s (vs none) | step p99 s (vs none) "
-        "| to durable s (median) | bytes on disk | peak RSS GiB |",
+        ("| variant | blocked s/save (median / max) | step p50 s (vs none) | step p99 s (vs none) "
+         "| to durable s (median) | bytes on disk | peak RSS GiB |"),
         "|---|---|---|---|---|---|---|",
     ]
+    def ratio(r, key):
+        return f" ({r[key] / none[key]:.3f}x)" if none and none[key] > 0 else ""
+
     for r in results:
-        def ratio(key):
-            return f" ({r[key] / none[key]:.3f}x)" if none and none[key] > 0 else ""
         blocked = (f"{r['blocked_median']:.4f} / {r['blocked_max']:.4f}" if r["saves"] else "-")
         durable = f"{r['durable_median']:.3f}" if r["durable_seconds"] else "-"
         rss = gib(r["peak_rss_bytes"]) if r["peak_rss_bytes"] is not None else "n/a"
         on_disk = f"{r['bytes_on_disk'] / 2**30:.3f} GiB" if r["bytes_on_disk"] else "-"
-        lines.append(f"| {r['variant']} | {blocked} | {r['step_p50']:.4f}{ratio('step_p50')} | "
-                     f"{r['step_p99']:.4f}{ratio('step_p99')} | {durable} | {on_disk} | {rss} |")
+        lines.append(f"| {r['variant']} | {blocked} | {r['step_p50']:.4f}{ratio(r, 'step_p50')} | "
+                     f"{r['step_p99']:.4f}{ratio(r, 'step_p99')} | {durable} | {on_disk} | {rss} |")
     by_name = {r["variant"]: r for r in results}
     ours = by_name.get("asyncckpt-async")
     if ours and ours["blocked_median"] > 0:

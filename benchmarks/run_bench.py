@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The evidence of issue 9 in one run: asyncckpt's savers beside the machine's limits.
 
 Run through scripts/bench (which builds first); by hand:
 
-    /usr/bin/python3 benchmarks/run_bench.py --build build --bench-dir /work/bench-tmp [--quick]
+    .venv/bin/python benchmarks/run_bench.py --build build --bench-dir /work/bench-tmp [--quick]
 
 In one checkpoint directory's file system it measures, per state size:
 
@@ -73,7 +73,8 @@ def log(*args):
 
 
 def run(cmd, **kwargs):
-    return subprocess.run(cmd, text=True, capture_output=True, **kwargs)
+    """`cmd`'s completed process, its output captured; the caller reads its return code."""
+    return subprocess.run(cmd, text=True, capture_output=True, check=False, **kwargs)
 
 
 # ---- the machine ------------------------------------------------------------------------------
@@ -106,7 +107,8 @@ def machine(bench_dir):
                                             " as the kernel reports it")
         sched = f"/sys/block/{dev}/queue/scheduler"
         if os.path.exists(sched):
-            info["filesystem"]["scheduler"] = open(sched).read().strip()
+            with open(sched) as f:
+                info["filesystem"]["scheduler"] = f.read().strip()
     info["load_average_at_start"] = os.getloadavg()
     git = run(["git", "rev-parse", "--short", "HEAD"], cwd=os.path.dirname(__file__) or ".")
     if git.returncode == 0:
@@ -432,7 +434,7 @@ def markdown(report):
                   "peak RSS MiB (/ budget)"]
         lines.append("| " + " | ".join(header) + " |")
         lines.append("|" + "|".join(["---", "---"] + ["---:"] * (len(header) - 2)) + "|")
-        for layout, runs in per_size["layouts"].items():
+        for runs in per_size["layouts"].values():
             for variant, r in runs.items():
                 s = r["summary"]
                 none = variant == "none"
@@ -510,7 +512,7 @@ def pictures(report, out_dir, stem):
     names = []
     size_key = list(report["results"])[-1]
     per_size = report["results"][size_key]
-    layout = "large" if "large" in per_size["layouts"] else list(per_size["layouts"])[0]
+    layout = "large" if "large" in per_size["layouts"] else next(iter(per_size["layouts"]))
     runs = per_size["layouts"][layout]
     # Timeline: every step's time, saves marked.
     fig, ax = plt.subplots(figsize=(11, 5))

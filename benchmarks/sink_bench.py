@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Issue 17's targets in one run: the engine at the speed of any sink, each beside its limit.
 
 Run through `scripts/bench --sinks` (which builds first); by hand:
 
-    /usr/bin/python3 benchmarks/sink_bench.py --build build --bench-dir /work/bench-tmp \
+    .venv/bin/python benchmarks/sink_bench.py --build build --bench-dir /work/bench-tmp \
         --shm-dir /dev/shm/asyncckpt-bench [--sizes 1GiB,4GiB]
 
 Per state size (8 float32 tensors unless said otherwise):
@@ -31,12 +31,11 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import run_bench as rb  # noqa: E402  (the same train-sim, restore and summary code)
+import run_bench as rb
 
 FIO_QD = 16
 CEILING_REPEATS = 2
@@ -91,9 +90,8 @@ def fio_job(directory, size, rw, direct, preallocate=True):
     except (ValueError, KeyError, IndexError):
         return None
     finally:
-        if rw == "read" or not direct:
-            if os.path.exists(target):
-                os.remove(target)
+        if (rw == "read" or not direct) and os.path.exists(target):
+            os.remove(target)
 
 
 def fio_pair(directory, size):
@@ -283,17 +281,17 @@ def targets(results):
 def markdown(report):
     lines = [f"# asyncckpt bench, the engine at the speed of any sink, {report['machine']['date']}", "",
              f"Machine: {rb.describe_machine(report['machine'])}; tmpfs: {report['shm_dir']}.",
-             "The machine's 2 cores were shared with other builds while this ran: the cores used "
-             "column says how much CPU the engine got.", "",
+             ("The machine's 2 cores were shared with other builds while this ran: the cores used "
+              "column says how much CPU the engine got."), "",
              f"Command: `{report['command']}`", "",
              "| target | value | goal | met | beside |", "|---|---|---|---|---|"]
     for t in report["targets"]:
         lines.append(f"| {t['target']} | {t['value']} | {t['goal']} | "
                      f"{'met' if t['met'] else 'MISSED'} | {t['note']} |")
-    lines += ["", "Null-sink ceiling (engine_ceiling: medians of 5 saves after a warm-up, mean of two runs "
-              "taken in turn):", "",
-              "| size | cores | memcpy MB/s | raw MB/s | shuffle+zstd L1 MB/s | stored/raw | "
-              "cores used (raw / zstd) | per CPU-second (raw / zstd) |",
+    lines += ["", ("Null-sink ceiling (engine_ceiling: medians of 5 saves after a warm-up, mean of "
+               "two runs taken in turn):"), "",
+              ("| size | cores | memcpy MB/s | raw MB/s | shuffle+zstd L1 MB/s | stored/raw | "
+               "cores used (raw / zstd) | per CPU-second (raw / zstd) |"),
               "|---|---|---|---|---|---|---|---|"]
     for size_key, r in report["results"].items():
         for c, e in sorted(r["ceiling"].items(), key=lambda kv: int(kv[0])):

@@ -1,12 +1,15 @@
-#!/usr/bin/python3
-"""Trains a small convolutional network on scikit-learn's handwritten digits, checkpointing with
-asyncckpt; run it again with the same --checkpoint-dir and it resumes where the last durable
-checkpoint left off, and ends bit for bit where an uninterrupted run ends.
+#!/usr/bin/env python3
+"""Trains a small convolutional network on synthetic 8x8 digits, checkpointing with asyncckpt;
+run it again with the same --checkpoint-dir and it resumes where the last durable checkpoint
+left off, and ends bit for bit where an uninterrupted run ends.
 
-    V/bin/python examples/pytorch_train.py --checkpoint-dir /tmp/digits
+    python examples/pytorch_train.py --checkpoint-dir /tmp/digits
 
-(V: a venv made with --system-site-packages and `pip install .`, the README's Python section;
-or PYTHONPATH=build/python /usr/bin/python3 from a CMake build tree.)
+(python: a venv of your own with torch and this project installed by `pip install .`; or, from
+a CMake build tree, PYTHONPATH=build/python .venv/bin/python with the project's .venv.)
+
+The data is made here, nothing is downloaded: each image is one of ten digit glyphs, moved by
+up to a pixel, drawn at a random intensity and covered in Gaussian noise, all drawn from --seed.
 
 Deterministic: seeded, one thread, torch.use_deterministic_algorithms, and each step's batch a
 function of the step alone, so the checkpoint holds everything the run depends on: the model,
@@ -22,9 +25,20 @@ import sys
 
 import numpy as np
 import torch
-from sklearn.datasets import load_digits
 
 import asyncckpt
+
+# The ten classes, 0 to 9, as 8x8 glyphs side by side ('#' ink, '.' paper).
+GLYPHS = """
+..####.. ...##... ..####.. ..####.. ....##.. .######. ..####.. .######. ..####.. ..####..
+.##..##. ..###... .##..##. .##..##. ...###.. .##..... .##..... .....##. .##..##. .##..##.
+.##..##. .####... .....##. .....##. ..####.. .#####.. .##..... ....##.. .##..##. .##..##.
+.##..##. ...##... ....##.. ...###.. .##.##.. .....##. .#####.. ...##... ..####.. ..#####.
+.##..##. ...##... ...##... .....##. .######. .....##. .##..##. ...##... .##..##. .....##.
+.##..##. ...##... ..##.... .##..##. ....##.. .##..##. .##..##. ..##.... .##..##. .....##.
+..####.. .######. .######. ..####.. ....##.. ..####.. ..####.. ..##.... ..####.. ..####..
+........ ........ ........ ........ ........ ........ ........ ........ ........ ........
+"""
 
 
 def parse_args(argv):
@@ -68,13 +82,34 @@ class DigitsNet(torch.nn.Module):
         return self.classifier(self.features(x))
 
 
-def load_data(seed):
-    digits = load_digits()
-    images = torch.from_numpy((digits.images / 16.0).astype(np.float32)).unsqueeze(1)
-    labels = torch.from_numpy(digits.target.astype(np.int64))
-    order = torch.from_numpy(np.random.default_rng(seed).permutation(len(labels)))
-    test, train = order[:297], order[297:]
-    return (images[train], labels[train]), (images[test], labels[test])
+def glyphs():
+    """The ten class prototypes: a (10, 8, 8) float32 array of 0s and 1s."""
+    rows = [line.split() for line in GLYPHS.strip().splitlines()]
+    return np.array([[[c == "#" for c in row[digit]] for row in rows] for digit in range(10)],
+                    dtype=np.float32)
+
+
+def synthetic_digits(seed, count=1800, noise=0.25):
+    """(images, labels): `count` 8x8 float32 images in [0, 1] and their int64 digits, a function
+    of `seed` alone. Each is a glyph moved by up to a pixel each way, at an intensity in
+    [0.5, 1), plus Gaussian noise of standard deviation `noise`."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 10, count).astype(np.int64)
+    padded = np.pad(glyphs()[labels], ((0, 0), (1, 1), (1, 1)))
+    dy, dx = rng.integers(0, 3, (2, count))
+    rows = (dy[:, None] + np.arange(8))[:, :, None]
+    cols = (dx[:, None] + np.arange(8))[:, None, :]
+    images = padded[np.arange(count)[:, None, None], rows, cols]
+    images = images * rng.uniform(0.5, 1.0, (count, 1, 1)) + rng.normal(0.0, noise, images.shape)
+    return np.clip(images, 0.0, 1.0).astype(np.float32), labels
+
+
+def load_data(seed, test_count=300):
+    """((train images, labels), (test images, labels)) as tensors, images shaped (N, 1, 8, 8)."""
+    images, labels = synthetic_digits(seed)
+    images, labels = torch.from_numpy(images).unsqueeze(1), torch.from_numpy(labels)
+    return ((images[test_count:], labels[test_count:]),
+            (images[:test_count], labels[:test_count]))
 
 
 def batch_indices(step, n, batch_size, seed):

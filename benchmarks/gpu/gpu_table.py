@@ -35,8 +35,8 @@ def rows(bench, frameworks, disk_read):
             continue
         out.append((name, f.get("blocked_steady_median_seconds"), f.get("blocked_first_seconds"),
                     f.get("to_durable_median_seconds"), f.get("restore_gbps"), None))
-    lines = ["| checkpointer | blocked per save (steady) | first save blocked | to durable | "
-             "restore into GPU | restore / disk read | loop lost / D2H |",
+    lines = [("| checkpointer | blocked per save (steady) | first save blocked | to durable | "
+              "restore into GPU | restore / disk read | loop lost / D2H |"),
              "|---|---:|---:|---:|---:|---:|---:|"]
     for name, steady, first, durable, gbps, lost in out:
         ratio = gbps / disk_read if gbps and disk_read else None
@@ -64,8 +64,8 @@ def targets(bench, frameworks, disk_read):
         ok = disk_read and m["restore_gbps"] >= 0.95 * disk_read
         ok = ok and (torch_load is None or m["restore_gbps"] > torch_load)
         checks.append((f"{name}: restore ≥ 0.95 of disk read and above torch.load", bool(ok),
-                       f"{m['restore_gbps']:.2f} GB/s vs disk {disk_read or 0:.2f}, torch.load "
-                       f"{torch_load or 0:.2f}"))
+                       (f"{m['restore_gbps']:.2f} GB/s vs disk {disk_read or 0:.2f}, torch.load "
+                        f"{torch_load or 0:.2f}")))
     return checks
 
 
@@ -79,16 +79,17 @@ def main():
     tests, disk = load(args.tests), load(args.disk)
     disk_read = disk.get("read_gbps")
     md = [f"# gpu-check on {args.machine}", "",
-          f"State: {bench.get('state_bytes', 0) / 2**30:.1f} GiB fp32 in {bench.get('tensors')} "
-          f"GPU tensors on {bench.get('device')}. Limits: D2H {fmt(bench.get('d2h_gbps'), 'GB/s')}, "
-          f"H2D {fmt(bench.get('h2d_gbps'), 'GB/s')}, disk O_DIRECT write "
-          f"{fmt(disk.get('write_gbps'), 'GB/s')} / read {fmt(disk_read, 'GB/s')}; pinning the "
-          f"state: one cudaHostAlloc {fmt(bench.get('pinned_alloc_host_alloc_seconds'))}, parallel "
-          f"pieces {fmt(bench.get('pinned_alloc_parallel_seconds'))}.", ""]
+          (f"State: {bench.get('state_bytes', 0) / 2**30:.1f} GiB fp32 in {bench.get('tensors')} "
+           f"GPU tensors on {bench.get('device')}. Limits: "
+           f"D2H {fmt(bench.get('d2h_gbps'), 'GB/s')}, "
+           f"H2D {fmt(bench.get('h2d_gbps'), 'GB/s')}, disk O_DIRECT write "
+           f"{fmt(disk.get('write_gbps'), 'GB/s')} / read {fmt(disk_read, 'GB/s')}; pinning the "
+           f"state: one cudaHostAlloc {fmt(bench.get('pinned_alloc_host_alloc_seconds'))}, "
+           f"parallel pieces {fmt(bench.get('pinned_alloc_parallel_seconds'))}."), ""]
     md += rows(bench, frameworks, disk_read)
     train_sim = load(args.train_sim)
-    md += ["", "| train-sim --device cuda, 2 GiB | blocked per save median | first / steady | "
-           "loop time lost per save / D2H | restore into GPU |", "|---|---:|---:|---:|---:|"]
+    md += ["", ("| train-sim --device cuda, 2 GiB | blocked per save median | first / steady | "
+            "loop time lost per save / D2H | restore into GPU |"), "|---|---:|---:|---:|---:|"]
     for mode, m in train_sim.items():
         if "error" in m:
             md.append(f"| {mode} | {m['error']} | | | |")

@@ -8,10 +8,18 @@ types, NumPy object, string, datetime and structured dtypes, float128) are refus
 TypeError that names the tensor.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import torch
+
 # canonical name -> (C++ dtype short name, complex: stored with a trailing dimension of 2)
-STORED = {
+STORED: dict[str, tuple[str, bool]] = {
     "float64": ("f64", False),
     "float32": ("f32", False),
     "float16": ("f16", False),
@@ -42,20 +50,17 @@ CANONICAL_OF_STORED = {stored: name for name, (stored, is_complex) in STORED.ite
                        if not is_complex}
 
 
-def torch_dtype_name(dtype):
-    """'float32' for torch.float32 ('complex32' for torch.chalf)."""
-    name = str(dtype).replace("torch.", "")
-    if name == "chalf":
-        name = "complex32"
-    return name
+def torch_dtype_name(dtype: torch.dtype) -> str:
+    """'float32' for torch.float32 (and 'complex32' for its alias torch.chalf)."""
+    return str(dtype).replace("torch.", "")
 
 
-def numpy_dtype_name(dtype):
+def numpy_dtype_name(dtype: npt.DTypeLike) -> str:
     """'float32' for np.float32 (any byte order)."""
     return np.dtype(dtype).name
 
 
-def stored_form(canonical, what):
+def stored_form(canonical: str, what: str) -> tuple[str, bool]:
     """(C++ dtype short name, complex) for a canonical dtype name, or TypeError naming `what`."""
     if canonical not in STORED:
         raise TypeError(
@@ -65,16 +70,14 @@ def stored_form(canonical, what):
     return STORED[canonical]
 
 
-def torch_dtype(canonical):
+def torch_dtype(canonical: str) -> torch.dtype | None:
     """The torch dtype of a canonical name, or None when this torch has none."""
     import torch
 
-    if canonical == "complex32":
-        return getattr(torch, "complex32", None)
     dtype = getattr(torch, canonical, None)
     return dtype if isinstance(dtype, torch.dtype) else None
 
 
-def numpy_dtype(canonical):
+def numpy_dtype(canonical: str) -> np.dtype[Any] | None:
     """The NumPy dtype of a canonical name, or None when NumPy has none (bfloat16, float8)."""
     return np.dtype(canonical) if canonical in _NUMPY_NAMES else None

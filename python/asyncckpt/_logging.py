@@ -7,6 +7,8 @@ recovery are INFO; problems (failures, skipped saves, anything the library warns
 WARNING, so that ``logging.getLogger("asyncckpt").setLevel(logging.WARNING)`` keeps only those.
 """
 
+from __future__ import annotations
+
 import logging
 
 from . import _core
@@ -25,14 +27,14 @@ _INFO_PREFIXES = (
 )
 
 
-def level_of(line):
+def level_of(line: str) -> int:
     """INFO for retention and recovery, WARNING for everything else."""
     if line.lower().startswith("warning") or "failed" in line or "could not" in line:
         return logging.WARNING
     return logging.INFO if line.startswith(_INFO_PREFIXES) else logging.WARNING
 
 
-def drain():
+def drain() -> None:
     """Logs every queued line of the library, oldest first."""
     lines, dropped = _core.take_log_lines()
     for line in lines:
@@ -41,6 +43,6 @@ def drain():
         logger.warning("%d log lines of the library were dropped (the queue was full)", dropped)
 
 
-def capture():
+def capture() -> None:
     """From now on the library's lines go to logging (through drain) instead of stderr."""
     _core.capture_log(True)

@@ -7,16 +7,25 @@ else could write would be a way into the training job. Both sides therefore need
 nothing). Tensors, arrays and the plain values never go through pickle.
 """
 
+from __future__ import annotations
+
 import base64
 import contextlib
 import contextvars
 import pickle
+from typing import TYPE_CHECKING
 
-_allowed = contextvars.ContextVar("asyncckpt_allow_pickle", default=False)
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from ._tree import Node
+
+_allowed: contextvars.ContextVar[bool] = contextvars.ContextVar("asyncckpt_allow_pickle",
+                                                                default=False)
 
 
 @contextlib.contextmanager
-def allowed(allow):
+def allowed(allow: bool) -> Iterator[None]:
     """Within: pickled values may be written and read as ``allow`` says."""
     token = _allowed.set(bool(allow))
     try:
@@ -25,7 +34,7 @@ def allowed(allow):
         _allowed.reset(token)
 
 
-def encode(value, where):
+def encode(value: object, where: str) -> Node | None:
     """The node of a pickled value, or None when pickling is not allowed."""
     if not _allowed.get():
         return None
@@ -36,7 +45,7 @@ def encode(value, where):
     return {"p": base64.b64encode(data).decode("ascii")}
 
 
-def decode(node, where):
+def decode(node: Node, where: str) -> object:
     """The value of a pickled node; ValueError unless pickles may be read."""
     if not _allowed.get():
         raise ValueError(f"the checkpoint holds a pickled value at {where}; loading a pickle "

@@ -7,33 +7,48 @@ under the first leaf's name, and the tree node of every later one says ``{"A": f
 and copies it into any later one that is not the same memory in the given state.
 """
 
+from __future__ import annotations
 
-def _key(leaf, node):
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from typing_extensions import TypeAlias
+
+    from ._tree import Array, Leaf, Node, Plan
+
+    # What makes two leaves one memory: address, size, stored dtype and shape, device, and the
+    # library and dtype they came from.
+    _MemoryKey: TypeAlias = tuple[int, int, str, tuple[int, ...], int | None, str, str]
+
+
+def _key(leaf: Leaf, node: Node) -> _MemoryKey:
     return (leaf.address, leaf.nbytes, leaf.stored_dtype, tuple(leaf.stored_shape), leaf.cuda,
             node["k"], node["dt"])
 
 
-def _tensor_nodes(node, out):
+def _tensor_nodes(node: Node, out: list[Node]) -> list[Node]:
     """Every tensor node of a tree, in the order flatten visits them."""
     if "T" in node:
         out.append(node)
-    for key in ("d",):
-        for _, child in node.get(key, ()):
-            _tensor_nodes(child, out)
+    for _, child in node.get("d", ()):
+        _tensor_nodes(child, out)
     if "m" in node:
         _tensor_nodes(node["m"], out)
-    for key in ("l", "t"):
-        for child in node.get(key, ()):
-            _tensor_nodes(child, out)
+    for child in node.get("l", ()):
+        _tensor_nodes(child, out)
+    for child in node.get("t", ()):
+        _tensor_nodes(child, out)
     return out
 
 
-def dedupe(leaves, root):
+def dedupe(leaves: list[Leaf], root: Node) -> list[Leaf]:
     """Drops the leaves whose memory an earlier leaf already holds; their nodes become aliases.
     Returns the leaves to write."""
     nodes = {node["T"]: node for node in _tensor_nodes(root, [])}
-    first = {}
-    kept = []
+    first: dict[_MemoryKey, str] = {}
+    kept: list[Leaf] = []
     for leaf in leaves:
         node = nodes[leaf.name]
         if leaf.nbytes == 0:
@@ -49,11 +64,12 @@ def dedupe(leaves, root):
     return kept
 
 
-def is_alias(node):
+def is_alias(node: Node) -> bool:
+    """True for the node of a tensor stored under an earlier one's name."""
     return "A" in node
 
 
-def build_alias(node, plan, where):
+def build_alias(node: Node, plan: Plan, where: str) -> Array:
     """The object already built for the tensor this node aliases."""
     built = plan.built.get(node["A"])
     if built is None:
@@ -62,7 +78,7 @@ def build_alias(node, plan, where):
     return built
 
 
-def fill_alias(template, node, plan, where):
+def fill_alias(template: Array, node: Node, plan: Plan, where: str) -> None:
     """Restores a tied tensor: the same memory as its first is filled already, else copied."""
     source = plan.built.get(node["A"])
     if source is None:
@@ -75,7 +91,7 @@ def fill_alias(template, node, plan, where):
         plan.copies.append((template, source))
 
 
-def _address(array):
-    if hasattr(array, "data_ptr"):
-        return array.data_ptr()
-    return array.__array_interface__["data"][0]
+def _address(array: Array) -> int:
+    if isinstance(array, np.ndarray):
+        return int(array.__array_interface__["data"][0])
+    return array.data_ptr()

@@ -10,14 +10,32 @@ code, rebuilt by the object's constructor, not state (torch < 2.2's ``OneCycleLR
 ``anneal_func`` so, and its ``load_state_dict`` leaves an entry it is not given alone).
 """
 
+from __future__ import annotations
+
 import collections
 import contextlib
 import inspect
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import _tree
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
-def is_stateful(value):
+    from typing_extensions import TypeGuard
+
+
+class Stateful(Protocol):
+    """What DCP calls a stateful object: it gives and takes its state as a dict."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """The object's state."""
+
+    def load_state_dict(self, state_dict: dict[str, Any], /) -> object:
+        """Takes the state back."""
+
+
+def is_stateful(value: object) -> TypeGuard[Stateful]:
     """True for an object DCP would call state_dict() / load_state_dict() on."""
     if isinstance(value, (dict, list, tuple)):
         return False
@@ -25,9 +43,9 @@ def is_stateful(value):
             and callable(getattr(value, "load_state_dict", None)))
 
 
-def state_dict_of(obj):
+def state_dict_of(obj: Stateful) -> dict[str, Any]:
     """``obj.state_dict()`` without the methods bound to ``obj``."""
-    state = obj.state_dict()
+    state: object = obj.state_dict()
     if not isinstance(state, dict):
         raise TypeError(f"{type(obj).__qualname__}.state_dict() returned a "
                         f"{type(state).__name__}, not a dict")
@@ -36,12 +54,12 @@ def state_dict_of(obj):
     if not bound:
         return state
     kept = type(state)((key, value) for key, value in state.items() if key not in bound)
-    if hasattr(state, "_metadata"):
-        kept._metadata = state._metadata
+    _tree.copy_versions(state, kept)
     return kept
 
 
-def saveable(value, names=None, active=None):
+def saveable(value: object, names: list[str] | None = None,
+             active: set[int] | None = None) -> object:
     """``value`` with every stateful object replaced by its state dict (containers copied only
     where one is replaced; the caller's state is not changed). Bounded as the tree's flatten is:
     a cycle or a state nested too deep is a ValueError, not a RecursionError."""
@@ -58,7 +76,8 @@ def saveable(value, names=None, active=None):
         active.discard(id(value))
 
 
-def _saveable_container(value, names, active):
+def _saveable_container(value: dict[Any, Any] | list[Any] | tuple[Any, ...], names: list[str],
+                        active: set[int]) -> object:
     if isinstance(value, dict):
         items = [(key, saveable(child, names + [str(key)], active))
                  for key, child in value.items()]
@@ -66,24 +85,25 @@ def _saveable_container(value, names, active):
             return value
         out = collections.OrderedDict(items) if type(value) is collections.OrderedDict else (
             dict(items))
-        if hasattr(value, "_metadata"):
-            out._metadata = value._metadata
+        _tree.copy_versions(value, out)
         return out
     if type(value) in (list, tuple):
-        items = [saveable(child, names + [str(i)], active) for i, child in enumerate(value)]
-        if all(new is old for new, old in zip(items, value)):
+        children = [saveable(child, names + [str(i)], active) for i, child in enumerate(value)]
+        if all(new is old for new, old in zip(children, value)):
             return value
-        return items if type(value) is list else tuple(items)
+        return children if type(value) is list else tuple(children)
     return value
 
 
-def _swap_in(value, swapped, names=None, active=None):
+def _swap_in(value: object, swapped: list[tuple[dict[Any, Any] | list[Any], Any, Stateful]],
+             names: list[str] | None = None, active: set[int] | None = None) -> None:
     """Puts each stateful object's state dict in its place (dicts and lists, in place), bounded
     as the tree's flatten is: a cycle or a state nested too deep is a ValueError."""
+    positions: list[tuple[Any, object]]
     if isinstance(value, dict):
-        positions = value.items()
+        positions = list(value.items())
     elif isinstance(value, list):
-        positions = enumerate(value)
+        positions = list(enumerate(value))
     else:
         if isinstance(value, tuple) and any(is_stateful(v) for v in value):
             raise TypeError("a stateful object inside a tuple cannot be restored in place; "
@@ -93,7 +113,7 @@ def _swap_in(value, swapped, names=None, active=None):
     active = set() if active is None else active
     _tree.enter_container(value, names, active)
     try:
-        for key, child in list(positions):
+        for key, child in positions:
             if is_stateful(child):
                 value[key] = state_dict_of(child)
                 swapped.append((value, key, child))
@@ -104,11 +124,11 @@ def _swap_in(value, swapped, names=None, active=None):
 
 
 @contextlib.contextmanager
-def restoring(state):
+def restoring(state: dict[Any, Any] | list[Any]) -> Iterator[None]:
     """Within: ``state`` holds each stateful object's state dict in its place, to be filled.
     On a normal exit each object gets ``load_state_dict()`` of the filled dict; always, the
     objects are put back."""
-    swapped = []
+    swapped: list[tuple[dict[Any, Any] | list[Any], Any, Stateful]] = []
     try:
         _swap_in(state, swapped)
         yield

@@ -9,9 +9,15 @@ hooks keep TensorFlow's SecondOrStepTimer instead: the first step seen, then eve
 after the last save.)
 """
 
+from __future__ import annotations
+
 import operator
+from typing import TYPE_CHECKING, SupportsIndex
 
 from . import _core
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 MAX_STEP = 2**63 - 1
 
@@ -24,30 +30,29 @@ class StepAlreadyExistsError(_core.CheckpointError):
     """
 
 
-def check_step(step):
+def _index(value: object, what: str) -> int:
+    """``value`` as an int (an int or a NumPy integer; never a bool, never a truncated float),
+    or TypeError naming ``what``."""
+    if type(value) is int:  # every step of a training loop: no protocol check
+        return value
+    if isinstance(value, bool) or not isinstance(value, SupportsIndex):
+        raise TypeError(f"{what} must be an int, not a {type(value).__name__} ({value!r})")
+    return operator.index(value)
+
+
+def check_step(step: object) -> int:
     """``step`` as an int; TypeError or ValueError naming it when it cannot be a step."""
-    if isinstance(step, bool):
-        raise TypeError(f"step must be an int, not a bool ({step!r})")
-    try:
-        value = operator.index(step)  # int and NumPy integers; never truncates a float
-    except TypeError:
-        raise TypeError(f"step must be an int, not a {type(step).__name__} ({step!r})") from None
+    value = _index(step, "step")
     if not 0 <= value <= MAX_STEP:
         raise ValueError(f"step must be in [0, 2**63 - 1], got {value}")
     return value
 
 
-def check_save_steps(save_steps):
+def check_save_steps(save_steps: object) -> int | None:
     """``save_steps`` as an int >= 1, or None."""
     if save_steps is None:
         return None
-    if isinstance(save_steps, bool):
-        raise TypeError(f"save_steps must be an int, not a bool ({save_steps!r})")
-    try:
-        value = operator.index(save_steps)
-    except TypeError:
-        raise TypeError(f"save_steps must be an int, not a {type(save_steps).__name__} "
-                        f"({save_steps!r})") from None
+    value = _index(save_steps, "save_steps")
     if value < 1:
         raise ValueError(f"save_steps must be positive, got {value}")
     return value
@@ -56,14 +61,14 @@ def check_save_steps(save_steps):
 class StepLedger:
     """The highest step this manager saved or found on disk: the floor for the next save."""
 
-    def __init__(self, latest_on_disk):
+    def __init__(self, latest_on_disk: int | None) -> None:
         self.highest = latest_on_disk
 
-    def is_new(self, step):
+    def is_new(self, step: int) -> bool:
         """True when ``step`` is above every step saved so far."""
         return self.highest is None or step > self.highest
 
-    def check_new(self, step, force, path_of):
+    def check_new(self, step: int, force: bool, path_of: Callable[[int], str]) -> None:
         """Raises StepAlreadyExistsError unless ``step`` is new or ``force``."""
         if force or self.is_new(step):
             return
@@ -73,6 +78,6 @@ class StepLedger:
         raise StepAlreadyExistsError(f"step {step} is lower than the latest saved step "
                                      f"{self.highest}; pass force=True to save it anyway")
 
-    def saved(self, step):
+    def saved(self, step: int) -> None:
         """Records a save of ``step`` (a forced lower step does not lower the floor)."""
         self.highest = step if self.highest is None else max(self.highest, step)

@@ -4,41 +4,50 @@ orders the optimizer's update after them, and the step pre-hook that places that
 from __future__ import annotations
 
 import weakref
+from typing import TYPE_CHECKING, Any
 
 from . import _core
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
-def check_gpu_visible():
+    import torch
+    from torch.utils.hooks import RemovableHandle
+
+    from .manager import CheckpointManager
+
+
+def check_gpu_visible() -> None:
     """cuda_stream_ordered=True with no GPU: a clear error now, rather than a silent no-op."""
     if not _core.cuda_available():
         raise RuntimeError("cuda_stream_ordered=True needs a CUDA GPU, and asyncckpt sees none "
                            "(no GPU is visible, or this build of asyncckpt has no CUDA device)")
 
 
-def cuda_ordinals(specs):
+def cuda_ordinals(specs: Iterable[_core.TensorSpec]) -> set[int]:
     """The GPUs whose memory a list of tensor specs names."""
     return {spec[5] for spec in specs if spec[5] is not None}
 
 
-def _current_stream(ordinal):
+def _current_stream(ordinal: int) -> int:
     import torch  # only reached with CUDA tensors in hand, so torch is there
 
     return torch.cuda.current_stream(ordinal).cuda_stream
 
 
-def follow_current_streams(ordinals):
+def follow_current_streams(ordinals: Iterable[int]) -> None:
     """Orders each GPU's next snapshot copies after the work queued on its current stream."""
     for ordinal in ordinals:
         _core.set_cuda_compute_stream(ordinal, _current_stream(ordinal))
 
 
-def stop_following(ordinals):
+def stop_following(ordinals: Iterable[int]) -> None:
     """Forgets the streams: the device must not keep a stream the caller may destroy."""
     for ordinal in ordinals:
         _core.set_cuda_compute_stream(ordinal, None)
 
 
-def wait_on_current_streams(ordinals):
+def wait_on_current_streams(ordinals: Iterable[int]) -> None:
     """Makes each GPU's current stream wait (on the GPU, not the host) for its copies."""
     for ordinal in ordinals:
         _core.wait_for_copies_on_stream(ordinal, _current_stream(ordinal))
@@ -48,41 +57,25 @@ class UpdateWaitHandle:
     """What ``CheckpointManager.wait_before_update`` returns; ``remove()`` takes the wait off
     the optimizer's step (and the manager's saves wait right after the copy again)."""
 
-    def __init__(self, manager, optimizer):
+    def __init__(self, manager: CheckpointManager, optimizer: torch.optim.Optimizer) -> None:
         self._manager = weakref.ref(manager)
         self._active = True
-        register = getattr(optimizer, "register_step_pre_hook", None)
-        if register is not None:  # torch >= 2.0
-            self._torch_handle = register(self._pre_hook)
-        else:
-            self._torch_handle = None
-            self._wrap_step(optimizer)
+        self._torch_handle: RemovableHandle = optimizer.register_step_pre_hook(self._pre_hook)
 
-    def _pre_hook(self, optimizer, args, kwargs):
+    def _pre_hook(self, optimizer: torch.optim.Optimizer, args: tuple[Any, ...],
+                  kwargs: dict[str, Any]) -> None:
+        """Before each optimizer.step(): the update waits for the snapshot copies."""
         del optimizer, args, kwargs
         manager = self._manager()
         if self._active and manager is not None:
             manager.wait_for_snapshot_copies()
-
-    def _wrap_step(self, optimizer):
-        # torch before 2.0 has no step pre-hooks: the instance's step runs the hook first. Left
-        # in place by remove() (only switched off), so that wrappers added later (an LR
-        # scheduler's step counter) stay whole.
-        step = optimizer.step
-
-        def step_after_the_copies(*args, **kwargs):
-            self._pre_hook(optimizer, args, kwargs)
-            return step(*args, **kwargs)
-
-        optimizer.step = step_after_the_copies
 
     def remove(self) -> None:
         """Takes the hook off; idempotent."""
         if not self._active:
             return
         self._active = False
-        if self._torch_handle is not None:
-            self._torch_handle.remove()
+        self._torch_handle.remove()
         manager = self._manager()
         if manager is not None:
             manager._update_wait_removed()  # pylint: disable=protected-access

@@ -12,17 +12,66 @@ No tensor bytes pass through Python: a leaf carries the address of its memory, w
 engine copies from (save) or reads into (restore, load).
 """
 
+from __future__ import annotations
+
 import base64
 import collections
 import json
 import struct
 import sys
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 import numpy as np
 
-from . import _dtypes
-from . import _pickled
-from . import _shared
+from . import _dtypes, _pickled, _shared
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import numpy.typing as npt
+    import torch
+    from typing_extensions import TypeAlias, TypeGuard
+
+    from . import _core
+
+    # A tensor of the state: a NumPy array or a torch tensor (torch is optional at run time).
+    Array: TypeAlias = npt.NDArray[Any] | torch.Tensor
+    # A dict key a state may hold.
+    DictKey: TypeAlias = str | int
+
+
+class Node(TypedDict, total=False):
+    """One position of the tree, a JSON object: its keys say what it holds."""
+
+    # A tensor: its name in the checkpoint, "torch" or "numpy", its dtype (the canonical name,
+    # or NumPy's dtype.str with the byte order), its shape.
+    T: str
+    k: str
+    dt: str
+    sh: list[int]
+    A: str  # a tensor that is the memory of an earlier one, named here (tied weights)
+    d: list[tuple[DictKey, Node]]  # a dict's (key, node) pairs in order (lists once read back)
+    o: int  # 1: the dict is an OrderedDict
+    m: Node  # the OrderedDict's _metadata
+    l: list[Node]  # a list
+    t: list[Node]  # a tuple
+    n: int  # None
+    b: bool
+    i: int
+    f: str  # a float's 8 little-endian bytes in hex
+    c: list[str]  # a complex: its real and imaginary parts, each as "f" holds a float
+    s: str
+    y: str  # bytes in base64
+    ns: str  # a NumPy scalar: its dtype.str,
+    v: str  # and its bytes in hex
+    p: str  # a pickle in base64 (only with allow_pickle=True)
+
+
+class Container(Protocol):
+    """A dict or list of the state, updated in place once every read succeeded."""
+
+    def __setitem__(self, key: Any, value: Any, /) -> None:
+        """container[key] = value."""
 
 TREE_KEY_PREFIX = "asyncckpt.python.tree."
 FORMAT_KEY = "asyncckpt.python.format"
@@ -30,32 +79,42 @@ FORMAT_VERSION = "1"
 _PIECE_CHARS = 512 * 1024  # well under the format's 1 MiB per metadata value
 
 
-def _torch():
-    """The torch module when the program imported it (a state cannot hold tensors otherwise)."""
-    return sys.modules.get("torch")
-
-
-def escape(key):
+def escape(key: str) -> str:
     """The tensor-name component of one key."""
     if key == "":
         return "~e"
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def _where(names):
+def _where(names: list[str]) -> str:
     return "'" + "/".join(names) + "'" if names else "the state's root"
 
 
-def is_tensor(value):
-    torch = _torch()
-    return torch is not None and isinstance(value, torch.Tensor)
+def is_tensor(value: object) -> TypeGuard[torch.Tensor]:
+    """True for a torch tensor; never imports torch (a program without it holds no tensor)."""
+    torch_module = sys.modules.get("torch")
+    return torch_module is not None and isinstance(value, torch_module.Tensor)
 
 
-def is_array(value):
+def is_array(value: object) -> TypeGuard[Array]:
+    """True for a NumPy array or a torch tensor."""
     return isinstance(value, np.ndarray) or is_tensor(value)
 
 
-def _contains_array(value):
+def copy_versions(source: object, destination: object) -> None:
+    """Gives ``destination`` the ``_metadata`` of ``source`` when it has one: the modules'
+    versions that torch keeps on a state dict's OrderedDict, which load_state_dict reads."""
+    versions = getattr(source, "_metadata", None)
+    if versions is not None:
+        set_versions(destination, versions)
+
+
+def set_versions(container: object, versions: object) -> None:
+    """``container._metadata = versions``, an attribute no dict type declares."""
+    setattr(container, "_metadata", versions)  # noqa: B010 - mypy refuses the plain assignment
+
+
+def _contains_array(value: object) -> bool:
     if is_array(value):
         return True
     if isinstance(value, dict):
@@ -68,26 +127,38 @@ def _contains_array(value):
 class Leaf:
     """One tensor to save: its name, stored dtype and shape, and memory (kept alive here)."""
 
-    __slots__ = ("name", "stored_dtype", "stored_shape", "array", "address", "nbytes", "cuda")
+    __slots__ = ("address", "array", "cuda", "name", "nbytes", "stored_dtype", "stored_shape")
 
-    def spec(self):
+    name: str
+    stored_dtype: str  # the C++ dtype short name
+    stored_shape: list[int]
+    array: Array  # the memory the engine copies from
+    address: int
+    nbytes: int
+    cuda: int | None  # the GPU that holds it, None on the host
+
+    def spec(self) -> _core.TensorSpec:
+        """The tensor as the C++ module takes it."""
         return (self.name, self.stored_dtype, self.stored_shape, self.address, self.nbytes,
                 self.cuda)
 
 
-def _cuda_ordinal(tensor, where):
+def _cuda_ordinal(tensor: torch.Tensor, where: str) -> int | None:
+    import torch  # a tensor is in hand, so torch is loaded
+
     kind = tensor.device.type
     if kind == "cpu":
         return None
     if kind == "cuda":
         index = tensor.device.index
-        return index if index is not None else _torch().cuda.current_device()
+        return index if index is not None else torch.cuda.current_device()
     raise TypeError(f"tensor at {where} is on {tensor.device}; asyncckpt reads host and CUDA "
                     "memory only: move it to the CPU first")
 
 
-def _torch_leaf(tensor, names):
-    torch = _torch()
+def _torch_leaf(tensor: torch.Tensor, names: list[str]) -> tuple[Leaf, Node]:
+    import torch  # a tensor is in hand, so torch is loaded
+
     where = _where(names)
     if tensor.layout != torch.strided:
         raise TypeError(f"tensor at {where} has layout {tensor.layout}; asyncckpt stores dense "
@@ -114,11 +185,11 @@ def _torch_leaf(tensor, names):
     leaf.array = tensor
     leaf.address = tensor.data_ptr()
     leaf.nbytes = tensor.numel() * tensor.element_size()
-    node = {"T": leaf.name, "k": "torch", "dt": canonical, "sh": shape}
+    node: Node = {"T": leaf.name, "k": "torch", "dt": canonical, "sh": shape}
     return leaf, node
 
 
-def _numpy_leaf(array, names):
+def _numpy_leaf(array: npt.NDArray[Any], names: list[str]) -> tuple[Leaf, Node]:
     where = _where(names)
     if isinstance(array, np.ma.MaskedArray):
         raise TypeError(f"array at {where} is a masked array; save its data and mask as two "
@@ -139,37 +210,39 @@ def _numpy_leaf(array, names):
     leaf.stored_dtype = stored
     leaf.stored_shape = shape + [2] if is_complex else shape
     leaf.array = array
-    leaf.address = array.__array_interface__["data"][0]
+    leaf.address = _address(array)
     leaf.nbytes = array.nbytes
     leaf.cuda = None
-    node = {"T": leaf.name, "k": "numpy", "dt": original_dtype, "sh": shape}
+    node: Node = {"T": leaf.name, "k": "numpy", "dt": original_dtype, "sh": shape}
     return leaf, node
 
 
-def _pack_double(value):
+def _pack_double(value: float) -> str:
     return struct.pack("<d", value).hex()
 
 
-def _unpack_double(text):
-    return struct.unpack("<d", bytes.fromhex(text))[0]
+def _unpack_double(text: str) -> float:
+    value: float = struct.unpack("<d", bytes.fromhex(text))[0]
+    return value
 
 
-def encode_value(value, where):
+def encode_value(value: object, where: str) -> Node:
     """The JSON node of a plain value, exact in type and value; TypeError for anything else."""
+    # Exact types: a subclass (an IntEnum, a str subclass) would not come back as itself.
     kind = type(value)
     if value is None:
         return {"n": 0}
-    if kind is bool:
+    if type(value) is bool:
         return {"b": value}
-    if kind is int:
+    if type(value) is int:
         return {"i": value}
-    if kind is float:
+    if type(value) is float:
         return {"f": _pack_double(value)}  # every bit, NaN payloads and -0.0 included
-    if kind is complex:
+    if type(value) is complex:
         return {"c": [_pack_double(value.real), _pack_double(value.imag)]}
-    if kind is str:
+    if type(value) is str:
         return {"s": value}
-    if kind is bytes:
+    if type(value) is bytes:
         return {"y": base64.b64encode(value).decode("ascii")}
     if isinstance(value, np.generic) and value.dtype.kind in "biufc":
         return {"ns": value.dtype.str, "v": value.tobytes().hex()}
@@ -182,7 +255,8 @@ def encode_value(value, where):
                     "allow_pickle=True)")
 
 
-def decode_value(node, where="a value"):
+def decode_value(node: Node, where: str = "a value") -> object:
+    """The plain value of a value node (a pickled one only where pickles are allowed)."""
     if "n" in node:
         return None
     if "b" in node:
@@ -204,7 +278,7 @@ def decode_value(node, where="a value"):
     raise ValueError(f"unknown node in the checkpoint's Python tree: {sorted(node)}")
 
 
-def _dict_key_component(key, names):
+def _dict_key_component(key: object, names: list[str]) -> str:
     if type(key) is str:
         return escape(key)
     if type(key) is int:
@@ -216,7 +290,7 @@ def _dict_key_component(key, names):
 MAX_DEPTH = 100  # containers nested deeper than this are refused (Python's stack is finite)
 
 
-def enter_container(value, names, active):
+def enter_container(value: object, names: list[str], active: set[int]) -> None:
     """Checks that a container may be descended into: not deeper than MAX_DEPTH, not a cycle."""
     if len(names) >= MAX_DEPTH:
         raise ValueError(f"the state nests containers deeper than {MAX_DEPTH} levels at "
@@ -227,7 +301,8 @@ def enter_container(value, names, active):
     active.add(id(value))
 
 
-def _flatten(value, names, leaves, allow_arrays=True, active=None):
+def _flatten(value: object, names: list[str], leaves: list[Leaf], allow_arrays: bool = True,
+             active: set[int] | None = None) -> Node:
     active = set() if active is None else active
     if isinstance(value, (dict, list, tuple)):
         enter_container(value, names, active)
@@ -238,25 +313,27 @@ def _flatten(value, names, leaves, allow_arrays=True, active=None):
     if is_array(value):
         if not allow_arrays:
             raise TypeError(f"a tensor at {_where(names)} where only plain values may be")
-        leaf, node = (_torch_leaf if is_tensor(value) else _numpy_leaf)(value, names)
+        leaf, node = (_numpy_leaf(value, names) if isinstance(value, np.ndarray)
+                      else _torch_leaf(value, names))
         leaves.append(leaf)
         return node
     return encode_value(value, _where(names))
 
 
-def _flatten_container(value, names, leaves, allow_arrays, active):
+def _flatten_container(value: dict[Any, Any] | list[Any] | tuple[Any, ...], names: list[str],
+                       leaves: list[Leaf], allow_arrays: bool, active: set[int]) -> Node:
     if isinstance(value, dict):
-        entries = []
-        components = {}
+        entries: list[tuple[DictKey, Node]] = []
+        components: dict[str, DictKey] = {}
         for key, child in value.items():
             component = _dict_key_component(key, names)
             if component in components:
                 raise ValueError(f"the keys {components[component]!r} and {key!r} of the dict at "
                                  f"{_where(names)} would both be named '{component}'")
             components[component] = key
-            entries.append([key, _flatten(child, names + [component], leaves, allow_arrays,
-                                          active)])
-        node = {"d": entries}
+            entries.append((key, _flatten(child, names + [component], leaves, allow_arrays,
+                                          active)))
+        node: Node = {"d": entries}
         if type(value) is collections.OrderedDict:
             node["o"] = 1
             # model.state_dict() carries the modules' versions here; load_state_dict reads them.
@@ -267,16 +344,16 @@ def _flatten_container(value, names, leaves, allow_arrays, active):
     if type(value) in (list, tuple):
         items = [_flatten(child, names + [str(i)], leaves, allow_arrays, active)
                  for i, child in enumerate(value)]
-        return {"l" if type(value) is list else "t": items}
+        return {"l": items} if type(value) is list else {"t": items}
     return encode_value(value, _where(names))
 
 
-def flatten(state):
+def flatten(state: object) -> tuple[list[Leaf], dict[str, str]]:
     """(leaves, metadata) of a state whose root is a dict, list or tuple."""
     if not isinstance(state, (dict, list, tuple)):
         raise TypeError(f"a state is a dict, list or tuple of tensors and values, not a "
                         f"{type(state).__name__}")
-    leaves = []
+    leaves: list[Leaf] = []
     root = _flatten(state, [], leaves)
     leaves = _shared.dedupe(leaves, root)  # tied tensors are stored once
     text = json.dumps({"root": root}, separators=(",", ":"), allow_nan=False)
@@ -286,7 +363,7 @@ def flatten(state):
     return leaves, metadata
 
 
-def read_tree(user_metadata, path):
+def read_tree(user_metadata: Mapping[str, str], path: str) -> Node | None:
     """The root node stored in a checkpoint's metadata, or None for a checkpoint without one."""
     if FORMAT_KEY not in user_metadata:
         return None
@@ -295,18 +372,20 @@ def read_tree(user_metadata, path):
                          f"asyncckpt reads format {FORMAT_VERSION}")
     pieces = sorted(k for k in user_metadata if k.startswith(TREE_KEY_PREFIX))
     try:
-        return json.loads("".join(user_metadata[k] for k in pieces))["root"]
+        root: Node = json.loads("".join(user_metadata[k] for k in pieces))["root"]
     except (ValueError, KeyError, RecursionError) as error:
         raise ValueError(f"{path}: the Python tree in the metadata is damaged: {error}") from None
+    return root
 
 
 # ---- building and filling ------------------------------------------------------------------
 
-def node_canonical(node):
+def node_canonical(node: Node) -> str:
+    """The canonical dtype name of a tensor node."""
     return node["dt"] if node["k"] == "torch" else np.dtype(node["dt"]).name
 
 
-def _stored_shape(node, canonical):
+def _stored_shape(node: Node, canonical: str) -> list[int]:
     _, is_complex = _dtypes.STORED[canonical]
     return list(node["sh"]) + [2] if is_complex else list(node["sh"])
 
@@ -314,38 +393,47 @@ def _stored_shape(node, canonical):
 class Plan:
     """Reads to run in one C++ call, then what to do once they succeeded."""
 
-    def __init__(self):
-        self.specs = []
-        self.keep = []  # arrays read into, alive until the reads are done
-        self.copies = []  # (destination, contiguous temporary)
-        self.assigns = []  # (container, key, value)
-        self.built = {}  # tensor name -> the tensor or array it went into (for tied ones)
+    def __init__(self) -> None:
+        self.specs: list[_core.TensorSpec] = []
+        self.keep: list[Array] = []  # arrays read into, alive until the reads are done
+        self.copies: list[tuple[Array, Array]] = []  # (destination, temporary of its kind)
+        self.assigns: list[tuple[Container, object, object]] = []  # (container, key, value)
+        self.built: dict[str, Array] = {}  # tensor name -> what it went into (for tied ones)
 
-    def read(self, name, canonical, node_shape, array, address, cuda):
+    def read(self, name: str, canonical: str, node_shape: list[int], array: Array, address: int,
+             cuda: int | None) -> None:
+        """Reads tensor ``name`` into ``array``'s memory at ``address``."""
         stored, _ = _dtypes.STORED[canonical]
         nbytes = array.nbytes if isinstance(array, np.ndarray) else (
             array.numel() * array.element_size())
         self.specs.append((name, stored, node_shape, address, nbytes, cuda))
         self.keep.append(array)
 
-    def finish(self):
+    def finish(self) -> None:
+        """After the reads: the copies into their destinations, then the assignments."""
         for destination, temporary in self.copies:
-            if isinstance(destination, np.ndarray):
-                np.copyto(destination, temporary)
-            else:
-                with _torch().no_grad():
-                    destination.copy_(temporary)
+            _copy(destination, temporary)
         for container, key, value in self.assigns:
             container[key] = value
 
 
-def new_array(node, where):
+def _copy(destination: Array, source: Array) -> None:
+    """Copies ``source`` into ``destination``, an array or tensor of the same kind."""
+    if isinstance(destination, np.ndarray):
+        np.copyto(destination, source)
+        return
+    import torch  # a tensor is in hand, so torch is loaded
+
+    with torch.no_grad():
+        destination.copy_(torch.as_tensor(source))
+
+
+def new_array(node: Node, where: str) -> Array:
     """An empty tensor or array for a tensor node (on the CPU)."""
     canonical = node_canonical(node)
     if node["k"] == "torch":
-        torch = _torch()
-        if torch is None:
-            import torch  # noqa: F811 - a torch tensor is rebuilt as one
+        import torch  # a torch tensor is rebuilt as one, whether the program imported torch or not
+
         dtype = _dtypes.torch_dtype(canonical)
         if dtype is None:
             raise TypeError(f"tensor at {where} has dtype {canonical}, which this torch "
@@ -354,20 +442,21 @@ def new_array(node, where):
     return np.empty(node["sh"], dtype=np.dtype(node["dt"]).newbyteorder("="))
 
 
-def _address(array):
+def _address(array: Array) -> int:
     if isinstance(array, np.ndarray):
-        return array.__array_interface__["data"][0]
+        return int(array.__array_interface__["data"][0])
     return array.data_ptr()
 
 
-def build(node, names, plan):
+def build(node: Node, names: list[str], plan: Plan) -> object:
     """A new object for `node`; its tensors are read by the plan."""
     if "T" in node:
         array = new_array(node, _where(names))
         canonical = node_canonical(node)
         plan.read(node["T"], canonical, _stored_shape(node, canonical), array, _address(array),
                   None)
-        if node["k"] == "numpy" and not np.dtype(node["dt"]).isnative:
+        # A NumPy node's dtype is NumPy's dtype.str, which carries the byte order.
+        if isinstance(array, np.ndarray) and not np.dtype(node["dt"]).isnative:
             # Read in native order; handed back in the byte order it was saved with.
             swapped = array.astype(np.dtype(node["dt"]))
             plan.keep.append(array)
@@ -378,12 +467,11 @@ def build(node, names, plan):
     if _shared.is_alias(node):
         return _shared.build_alias(node, plan, _where(names))
     if "d" in node:
-        kind = collections.OrderedDict if node.get("o") else dict
-        out = kind()
+        out: dict[DictKey, object] = collections.OrderedDict() if node.get("o") else {}
         for key, child in node["d"]:
             out[key] = build(child, names + [_key_name(key)], plan)
         if "m" in node:
-            out._metadata = build(node["m"], names + ["_metadata"], plan)
+            set_versions(out, build(node["m"], names + ["_metadata"], plan))
         return out
     if "l" in node:
         return [build(child, names + [str(i)], plan) for i, child in enumerate(node["l"])]
@@ -392,11 +480,11 @@ def build(node, names, plan):
     return decode_value(node, _where(names))
 
 
-def _key_name(key):
+def _key_name(key: DictKey) -> str:
     return escape(key) if isinstance(key, str) else str(key)
 
 
-def _describe(value):
+def _describe(value: object) -> str:
     if is_tensor(value):
         return f"a torch tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
     if isinstance(value, np.ndarray):
@@ -404,7 +492,8 @@ def _describe(value):
     return f"a {type(value).__name__}"
 
 
-def describe_node(node):
+def describe_node(node: Node) -> str:
+    """What a node holds, in words, for an error message."""
     if "T" in node or "A" in node:
         return f"a tensor of shape {tuple(node['sh'])} and dtype {node_canonical(node)}"
     for key, what in (("d", "dict"), ("l", "list"), ("t", "tuple"), ("p", "pickled value")):
@@ -413,13 +502,14 @@ def describe_node(node):
     return f"a {type(decode_value(node)).__name__}"
 
 
-def fill_tensor(template, node, names, plan):
+def fill_tensor(template: Array, node: Node, names: list[str], plan: Plan) -> None:
+    """Plans the read of a tensor node into ``template`` (dtype and shape must match)."""
     where = _where(names)
     canonical = node_canonical(node)
-    if is_tensor(template):
-        have = _dtypes.torch_dtype_name(template.dtype)
-    else:
+    if isinstance(template, np.ndarray):
         have = _dtypes.numpy_dtype_name(template.dtype)
+    else:
+        have = _dtypes.torch_dtype_name(template.dtype)
     if have != canonical or list(template.shape) != list(node["sh"]):
         raise ValueError(f"cannot restore {where}: the checkpoint holds {describe_node(node)}, "
                          f"the given state {_describe(template)}")
@@ -435,16 +525,18 @@ def fill_tensor(template, node, names, plan):
             plan.read(node["T"], canonical, stored_shape, temporary, _address(temporary), None)
             plan.copies.append((template, temporary))
         return
+    import torch  # a tensor is in hand, so torch is loaded
+
     cuda = _cuda_ordinal(template, where)
     if template.is_contiguous() and not template.is_conj() and not template.is_neg():
         plan.read(node["T"], canonical, stored_shape, template, template.data_ptr(), cuda)
     else:
-        temporary = _torch().empty(template.shape, dtype=template.dtype, device=template.device)
-        plan.read(node["T"], canonical, stored_shape, temporary, temporary.data_ptr(), cuda)
-        plan.copies.append((template, temporary))
+        contiguous = torch.empty(template.shape, dtype=template.dtype, device=template.device)
+        plan.read(node["T"], canonical, stored_shape, contiguous, contiguous.data_ptr(), cuda)
+        plan.copies.append((template, contiguous))
 
 
-def fill(template, node, names, plan):
+def fill(template: object, node: Node, names: list[str], plan: Plan) -> object:
     """The value at this position after the restore: `template` filled in place, or a new one.
 
     Tensors and arrays are filled in place (dtype and shape must match); dicts and lists are
@@ -483,7 +575,7 @@ def fill(template, node, names, plan):
             else:
                 plan.assigns.append((template, key, build(child, child_names, plan)))
         if "m" in node and type(template) is collections.OrderedDict:
-            template._metadata = build(node["m"], names + ["_metadata"], plan)
+            set_versions(template, build(node["m"], names + ["_metadata"], plan))
         return template
     if "l" in node:
         if not isinstance(template, list):
@@ -507,7 +599,7 @@ def fill(template, node, names, plan):
     return _replace(template, node, names, plan)
 
 
-def _replace(template, node, names, plan):
+def _replace(template: object, node: Node, names: list[str], plan: Plan) -> object:
     """The checkpoint's value in place of a template value that holds no tensor."""
     if _contains_array(template):
         raise ValueError(f"cannot restore {_where(names)}: the checkpoint holds "
@@ -516,7 +608,8 @@ def _replace(template, node, names, plan):
     return build(node, names, plan)
 
 
-def template_leaves(value, names, out):
+def template_leaves(value: object, names: list[str],
+                    out: list[tuple[str, Array, list[str]]]) -> list[tuple[str, Array, list[str]]]:
     """(name, tensor or array, names) of every tensor of a template, its keys joined with "/"
     unescaped: the names of a checkpoint written without the Python layer, which {"a": {"b": x}}
     and {"a/b": x} both match."""

@@ -7,16 +7,17 @@ import dataclasses
 import os
 import warnings
 import weakref
-from typing import Any, Mapping, Optional, Union
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Union
 
-from . import _core
-from . import _dtypes
-from . import _logging
-from . import _pickled
-from . import _stateful
-from . import _steps
-from . import _streams
-from . import _tree
+from . import _core, _dtypes, _logging, _pickled, _stateful, _steps, _streams, _tree
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from types import TracebackType
+
+    import torch
+    from typing_extensions import Self
 
 StrPath = Union[str, "os.PathLike[str]"]
 
@@ -30,10 +31,10 @@ class SaveStats:
     step: int
     path: str  #: the committed checkpoint directory ("" when the save failed before its commit)
     ok: bool
-    error: Optional[str]  #: why it failed, or None
+    error: str | None  #: why it failed, or None
     bytes_raw: int  #: bytes of tensor data
     bytes_stored: int  #: bytes written to data files
-    chunks_by_codec: dict  #: chunks written per codec ("raw", "zstd", "shuffle+zstd")
+    chunks_by_codec: dict[str, int]  #: chunks written per codec ("raw", "zstd", "shuffle+zstd")
     final_level: int  #: zstd level at the end of the save (the engine may lower it under load)
     switched_to_raw: bool  #: the engine stored the rest raw because encoding was the bottleneck
     blocked_seconds: float  #: time the training thread was blocked by this save
@@ -52,17 +53,26 @@ class Stats:
     bytes_raw: int
     bytes_stored: int
     staging_high_water_bytes: int
-    stale_temporaries_removed: list  #: temporaries of interrupted saves removed at start
-    saves: list
+    stale_temporaries_removed: list[str]  #: temporaries of interrupted saves removed at start
+    saves: list[SaveStats]
     startup_seconds: float = 0.0  #: creating engines and pinned staging (prepare or a save)
 
 
-def _stats(totals):
-    saves = [SaveStats(**save) for save in totals.pop("saves")]
-    return Stats(saves=saves, **totals)
+def _stats(totals: _core.TotalsDict) -> Stats:
+    """The Stats of the C++ totals."""
+    return Stats(
+        saves_committed=totals["saves_committed"], saves_failed=totals["saves_failed"],
+        saves_skipped=totals["saves_skipped"],
+        blocked_seconds_total=totals["blocked_seconds_total"],
+        blocked_seconds_max=totals["blocked_seconds_max"], bytes_raw=totals["bytes_raw"],
+        bytes_stored=totals["bytes_stored"],
+        staging_high_water_bytes=totals["staging_high_water_bytes"],
+        stale_temporaries_removed=totals["stale_temporaries_removed"],
+        saves=[SaveStats(**save) for save in totals["saves"]],
+        startup_seconds=totals["startup_seconds"])
 
 
-def _close_quietly(core):
+def _close_quietly(core: _core.Checkpointer) -> None:
     """At garbage collection or interpreter exit: wait for saves in flight, report, close."""
     try:
         core.close()
@@ -106,8 +116,8 @@ class CheckpointManager:
     Not thread-safe beyond this: calls from several threads are serialised.
     """
 
-    def __init__(self, directory: StrPath, *, save_steps: Optional[int] = None,
-                 save_secs: Optional[float] = None, max_to_keep: int = 5,
+    def __init__(self, directory: StrPath, *, save_steps: int | None = None,
+                 save_secs: float | None = None, max_to_keep: int = 5,
                  keep_checkpoint_every_n_hours: float = 0, compression: str = "shuffle+zstd",
                  compression_level: int = 1, staging_bytes: int = 0, on_busy: str = "wait",
                  on_error: str = "stop", asynchronous: bool = True, basename: str = "model.ckpt",
@@ -115,14 +125,14 @@ class CheckpointManager:
                  num_data_files: int = _core.DEFAULT_NUM_DATA_FILES,
                  background_threads: int = 0, queue_depth: int = _core.DEFAULT_QUEUE_DEPTH,
                  use_o_direct: bool = True, force_posix_io: bool = False,
-                 metadata: Optional[Mapping[str, str]] = None,
+                 metadata: Mapping[str, str] | None = None,
                  allow_fresh_start: bool = False,
                  cuda_stream_ordered: bool = False) -> None:
         if cuda_stream_ordered:
             _streams.check_gpu_visible()
         self._stream_ordered = bool(cuda_stream_ordered)
         self._update_waits = 0  # live wait_before_update hooks
-        self._copying_gpus: set = set()  # GPUs whose copies no stream waited for yet
+        self._copying_gpus: set[int] = set()  # GPUs whose copies no stream waited for yet
         self._scheduled = save_steps is not None or save_secs is not None
         # save_steps is Python's schedule (Orbax's rule); the C++ timer then sees every step.
         self._save_steps = _steps.check_save_steps(save_steps) if save_secs is None else None
@@ -142,12 +152,12 @@ class CheckpointManager:
         self._closed = False
         self._finalizer = weakref.finalize(self, _close_quietly, self._core)
         self._ledger = _steps.StepLedger(self._core.latest_step())
-        self._last_submitted = None
+        self._last_submitted: int | None = None
         _logging.drain()
 
     # ---- saving ----------------------------------------------------------------------------
 
-    def save(self, step: int, state: Any, *, force: bool = False,
+    def save(self, step: int, state: object, *, force: bool = False,
              allow_pickle: bool = False) -> None:
         """Saves ``state`` as checkpoint ``step`` now.
 
@@ -168,7 +178,7 @@ class CheckpointManager:
             _logging.drain()
         self._warn_about_failures()
 
-    def prepare(self, state: Any, reserve_bytes: int = 0) -> None:
+    def prepare(self, state: object, reserve_bytes: int = 0) -> None:
         """Allocates the engine and pinned staging for ``state`` now, so the first save pays none.
 
         ``reserve_bytes``: staging for a state that will grow (0 sizes it for ``state``).
@@ -186,7 +196,7 @@ class CheckpointManager:
             return step % self._save_steps == 0
         return self._core.due(step)
 
-    def maybe_save(self, step: int, state: Any, *, allow_pickle: bool = False) -> bool:
+    def maybe_save(self, step: int, state: object, *, allow_pickle: bool = False) -> bool:
         """Saves ``state`` as checkpoint ``step`` when ``should_save(step)``.
 
         Returns True when a save was taken (False when none was due, or with on_busy="skip" when
@@ -213,7 +223,7 @@ class CheckpointManager:
         return taken
 
     @contextlib.contextmanager
-    def _stream_ordering(self, specs):
+    def _stream_ordering(self, specs: list[_core.TensorSpec]) -> Iterator[None]:
         """Around a save: its GPU copies follow the current streams, and the update waits for
         them (at once unless a wait_before_update hook will)."""
         gpus = _streams.cuda_ordinals(specs) if self._stream_ordered else set()
@@ -233,7 +243,7 @@ class CheckpointManager:
         gpus, self._copying_gpus = self._copying_gpus, set()
         _streams.wait_on_current_streams(gpus)
 
-    def wait_before_update(self, optimizer: Any) -> "_streams.UpdateWaitHandle":
+    def wait_before_update(self, optimizer: torch.optim.Optimizer) -> _streams.UpdateWaitHandle:
         """Registers an ``optimizer.step()`` pre-hook that calls ``wait_for_snapshot_copies``:
         the forward and backward passes after a stream-ordered save only read the parameters,
         so the copy (on a non-blocking stream of the device's own) can overlap them, and only
@@ -243,10 +253,10 @@ class CheckpointManager:
         self._update_waits += 1
         return handle
 
-    def _update_wait_removed(self):
+    def _update_wait_removed(self) -> None:
         self._update_waits -= 1
 
-    def _report_failure(self):
+    def _report_failure(self) -> None:
         """Raises a background failure (on_error="stop") when no save is due; logs the lines."""
         # No step is due twice in the C++ timer, so asking about the last one it saw only
         # delivers what the background reported (nothing to deliver before the first save).
@@ -272,10 +282,11 @@ class CheckpointManager:
             _logging.drain()
         self._warn_about_failures()
 
-    def __enter__(self) -> "CheckpointManager":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type, exc, traceback) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> None:
         if exc_type is None:
             self.close()
             return
@@ -285,7 +296,7 @@ class CheckpointManager:
         except CheckpointError as error:
             warnings.warn(f"asyncckpt: a checkpoint save failed: {error}", RuntimeWarning)
 
-    def _warn_about_failures(self):
+    def _warn_about_failures(self) -> None:
         if self._on_error != "continue":
             return
         totals = self._core.totals()
@@ -308,7 +319,7 @@ class CheckpointManager:
         """Steps of the retained checkpoints, oldest first (committed saves only)."""
         return list(self._core.all_steps())
 
-    def latest_step(self) -> Optional[int]:
+    def latest_step(self) -> int | None:
         """The newest retained step, or None."""
         return self._core.latest_step()
 
@@ -322,8 +333,8 @@ class CheckpointManager:
 
     # ---- restoring -------------------------------------------------------------------------
 
-    def restore(self, state: Union[dict, list], step: Optional[int] = None, *,
-                allow_pickle: bool = False) -> Optional[int]:
+    def restore(self, state: dict[Any, Any] | list[Any], step: int | None = None, *,
+                allow_pickle: bool = False) -> int | None:
         """Fills ``state`` in place from checkpoint ``step`` (the latest when None).
 
         Tensors and arrays are read straight into their memory, every chunk verified; their
@@ -366,7 +377,7 @@ class CheckpointManager:
                 + "; ".join(damaged) + ". Inspect them (asyncckpt verify), restore a good copy, "
                 "or delete them or pass allow_fresh_start=True to train from step 0")
 
-    def load(self, step: Optional[int] = None, *, allow_pickle: bool = False) -> Any:
+    def load(self, step: int | None = None, *, allow_pickle: bool = False) -> Any:
         """A new state from checkpoint ``step`` (the latest when None), as asyncckpt.load."""
         try:
             reader = self._core.open(None if step is None else _steps.check_step(step))
@@ -376,14 +387,14 @@ class CheckpointManager:
             _logging.drain()
 
 
-def _flatten(state, allow_pickle):
+def _flatten(state: object, allow_pickle: bool) -> tuple[list[_tree.Leaf], dict[str, str]]:
     """(leaves, metadata) of a state whose stateful objects give their state dicts. The caller
     keeps the leaves until the C++ call has copied them: they own the contiguous copies."""
     with _pickled.allowed(allow_pickle):
         return _tree.flatten(_stateful.saveable(state))
 
 
-def _restore_from(reader, state):
+def _restore_from(reader: _core.Reader, state: dict[Any, Any] | list[Any]) -> None:
     tree = _tree.read_tree(reader.metadata(), reader.path)
     plan = _tree.Plan()
     if tree is None:
@@ -398,7 +409,8 @@ def _restore_from(reader, state):
     plan.finish()
 
 
-def _plan_by_name(reader, state, plan):
+def _plan_by_name(reader: _core.Reader, state: dict[Any, Any] | list[Any],
+                  plan: _tree.Plan) -> None:
     """A checkpoint without a Python tree (written by the C++ hooks): tensors by name only."""
     infos = {name: (dtype, shape) for name, dtype, shape, _, _ in reader.tensors()}
     for name, array, names in _tree.template_leaves(state, [], []):
@@ -407,22 +419,24 @@ def _plan_by_name(reader, state, plan):
         stored, shape = infos[name]
         canonical = _dtypes.CANONICAL_OF_STORED.get(stored, stored)
         # Only the canonical dtype and the shape are compared, whichever library holds it.
-        node = {"T": name, "k": "torch", "dt": canonical, "sh": list(shape)}
+        node: _tree.Node = {"T": name, "k": "torch", "dt": canonical, "sh": list(shape)}
         _tree.fill_tensor(array, node, names, plan)
 
 
-def _load_from(reader):
+def _load_from(reader: _core.Reader) -> object:
     tree = _tree.read_tree(reader.metadata(), reader.path)
     plan = _tree.Plan()
+    state: object
     if tree is None:
-        state = {}
+        tensors: dict[str, object] = {}
         for name, stored, shape, _, _ in reader.tensors():
             canonical = _dtypes.CANONICAL_OF_STORED[stored]
             numpy_dtype = _dtypes.numpy_dtype(canonical)
-            node = {"T": name, "k": "numpy" if numpy_dtype is not None else "torch",
-                    "dt": numpy_dtype.str if numpy_dtype is not None else canonical,
-                    "sh": list(shape)}
-            state[name] = _tree.build(node, [name], plan)
+            node: _tree.Node = {"T": name, "k": "numpy" if numpy_dtype is not None else "torch",
+                                "dt": numpy_dtype.str if numpy_dtype is not None else canonical,
+                                "sh": list(shape)}
+            tensors[name] = _tree.build(node, [name], plan)
+        state = tensors
     else:
         state = _tree.build(tree, [], plan)
     reader.read_into(plan.specs)
@@ -456,6 +470,6 @@ def load(path: StrPath, *, allow_pickle: bool = False) -> Any:
         _logging.drain()
 
 
-def latest_checkpoint(directory: StrPath) -> Optional[str]:
+def latest_checkpoint(directory: StrPath) -> str | None:
     """The path of the newest checkpoint in ``directory``, or None."""
     return _core.latest_checkpoint(os.fspath(directory))

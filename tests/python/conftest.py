@@ -1,7 +1,7 @@
 """Shared set-up for the Python tests: CTest runs them with PYTHONPATH pointing at the build
 tree's package (build/python) and ASYNCCKPT_SOURCE_DIR / ASYNCCKPT_BUILD_DIR set; by hand:
 
-    PYTHONPATH=build/python ASYNCCKPT_BUILD_DIR=build /usr/bin/python3 -m pytest tests/python
+    PYTHONPATH=build/python ASYNCCKPT_BUILD_DIR=build .venv/bin/python -m pytest tests/python
 """
 
 import os

@@ -11,9 +11,8 @@ import sys
 import pytest
 
 pytest.importorskip("torch")
-pytest.importorskip("sklearn")
 
-from conftest import SOURCE_DIR  # noqa: E402
+from conftest import SOURCE_DIR
 
 EXAMPLE = SOURCE_DIR / "examples" / "pytorch_train.py"
 STEPS = 400
@@ -70,4 +69,4 @@ def test_a_job_killed_at_random_steps_ends_bit_identical_to_an_uninterrupted_one
                        if got["digests"].get(name) != expected["digests"][name])
     assert not differing, f"resumes at {resumes}; tensors that differ: {differing}"
     assert got["digests"].keys() == expected["digests"].keys()
-    assert expected["accuracy"] > 0.9, "the network did not learn the digits"
+    assert expected["accuracy"] > 0.9, "the network did not learn the synthetic digits"

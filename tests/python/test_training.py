@@ -6,7 +6,7 @@ import hashlib
 import pytest
 
 torch = pytest.importorskip("torch")
-import asyncckpt  # noqa: E402
+import asyncckpt
 
 
 def build(seed):
