@@ -6,8 +6,9 @@ tests/python/test_core_stub.py holds this file to the module's own signatures.
 """
 
 from collections.abc import Mapping, Sequence
+from typing import TypeAlias
 
-from typing_extensions import TypeAlias, TypedDict
+from typing_extensions import TypedDict
 
 # Stub-only names (no such attribute at run time): the shapes of what the module takes and
 # gives, for the package's annotations.

@@ -21,8 +21,7 @@ from . import _tree
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-
-    from typing_extensions import TypeGuard
+    from typing import TypeGuard
 
 
 class Stateful(Protocol):

@@ -27,10 +27,10 @@ from . import _dtypes, _pickled, _shared
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from typing import TypeAlias, TypeGuard
 
     import numpy.typing as npt
     import torch
-    from typing_extensions import TypeAlias, TypeGuard
 
     from . import _core
 

@@ -22,8 +22,8 @@ def test_cmake_install_puts_an_importable_package_under_the_prefix(tmp_path):
     assert list((site / "asyncckpt").glob("_core*.so"))
     env = dict(os.environ, PYTHONPATH=str(site))
     found = subprocess.run(
-        [sys.executable, "-c", "import asyncckpt; print(asyncckpt.__file__); "
-         "print(asyncckpt.CheckpointManager.__name__)"],
+        [sys.executable, "-c",
+         "import asyncckpt; print(asyncckpt.__file__); print(asyncckpt.CheckpointManager.__name__)"],
         env=env, check=True, capture_output=True, text=True, cwd=tmp_path)
     path, name = found.stdout.split()
     assert pathlib.Path(path).is_relative_to(site) and name == "CheckpointManager"

@@ -38,7 +38,8 @@ def clean_env():
 
 
 def run(command, **kwargs):
-    done = subprocess.run(command, capture_output=True, text=True, **kwargs)
+    # Checked here rather than with check=True, so that a failure shows pip's and CMake's output.
+    done = subprocess.run(command, capture_output=True, text=True, check=False, **kwargs)
     assert done.returncode == 0, f"{command} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     return done
 
@@ -132,8 +133,8 @@ def test_the_wheel_is_stripped_and_carries_the_libraries_it_loads(wheel, tmp_pat
     assert ".symtab" not in sections and ".debug_info" not in sections, "not stripped"
     metadata = (tmp_path / "wheel" / f"asyncckpt-{project_version()}.dist-info" /
                 "METADATA").read_text()
-    assert re.search(r"^Requires-Dist: torch.*extra == .torch.", metadata, re.M), metadata
-    assert re.search(r"^Requires-Dist: jax.*extra == .jax.", metadata, re.M), metadata
+    assert re.search(r"^Requires-Dist: torch.*extra == .torch.", metadata, re.MULTILINE), metadata
+    assert re.search(r"^Requires-Dist: jax.*extra == .jax.", metadata, re.MULTILINE), metadata
 
 
 def test_the_wheel_works_with_numpy_alone_in_a_plain_venv(wheel, tmp_path):
