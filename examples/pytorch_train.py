@@ -15,7 +15,7 @@ Deterministic: seeded, one thread, torch.use_deterministic_algorithms, and each 
 function of the step alone, so the checkpoint holds everything the run depends on: the model,
 the optimizer, its learning-rate schedule, and the random generator that dropout draws from.
 All four sit in the state as objects; asyncckpt stores their state_dict() and restores them
-through load_state_dict(). Saves land on the multiples of --save-steps, in every run.
+through load_state_dict(). Saves land on the multiples of --save-interval-steps, in every run (Orbax's rule).
 """
 
 import argparse
@@ -45,7 +45,8 @@ def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint-dir", required=True, help="where checkpoints go")
     parser.add_argument("--steps", type=int, default=600, help="last global step")
-    parser.add_argument("--save-steps", type=int, default=25, help="save every N steps")
+    parser.add_argument("--save-interval-steps", type=int, default=25,
+                        help="save at the multiples of N")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
@@ -156,7 +157,8 @@ def main(argv):
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler,
              "rng": RandomState(), "step": 0}
 
-    with asyncckpt.CheckpointManager(args.checkpoint_dir, save_steps=args.save_steps,
+    with asyncckpt.CheckpointManager(args.checkpoint_dir,
+                                     save_interval_steps=args.save_interval_steps,
                                      max_to_keep=3, asynchronous=not args.sync) as manager:
         if manager.restore(state) is not None:
             print(f"resumed from step {state['step']}", flush=True)

@@ -2,12 +2,12 @@
 background by the C++ engine while training goes on.
 
     state = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "step": 0}
-    with asyncckpt.CheckpointManager("/ckpt", save_steps=100) as manager:
+    with asyncckpt.CheckpointManager("/ckpt", save_interval_steps=100) as manager:
         manager.restore(state)  # calls model.load_state_dict(...) and the others' too
         for step in range(state["step"] + 1, last + 1):
             ...  # one training step
             state["step"] = step
-            manager.maybe_save(step, state)  # saves when step % 100 == 0
+            manager.maybe_save(step, state)  # saves when step % 100 == 0 (Orbax's rule)
 
 Modules, optimizers, LR schedulers and any object with state_dict() / load_state_dict() are
 stored as their state_dict() and restored through load_state_dict(), as

@@ -48,9 +48,6 @@ class TotalsDict(TypedDict):
 
 MIN_CHUNK_BYTES: int
 MAX_CHUNK_BYTES: int
-DEFAULT_CHUNK_BYTES: int
-DEFAULT_QUEUE_DEPTH: int
-DEFAULT_NUM_DATA_FILES: int
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be saved or read (I/O, corruption, a failed background save)."""
@@ -70,16 +67,35 @@ class Reader:
     def read_into(self, specs: Sequence[TensorSpec]) -> None: ...
     def verify(self) -> list[str]: ...
 
-class Checkpointer:
-    """The C++ Checkpointer; its options are SaverOptions' under their own names."""
+class SaverOptions:
+    """The C++ SaverOptions: every option of CheckpointManager but the directory, the
+    schedule's Orbax rule and the save mode."""
 
-    def __init__(self, directory: str, save_steps: int | None, save_secs: float | None,
-                 max_to_keep: int, keep_checkpoint_every_n_hours: float, compression: str,
-                 compression_level: int, staging_bytes: int, on_busy: str, on_error: str,
-                 asynchronous: bool, basename: str, chunk_bytes: int, num_data_files: int,
-                 background_threads: int, queue_depth: int, use_o_direct: bool,
-                 force_posix_io: bool, user_metadata: Mapping[str, str],
-                 allow_fresh_start: bool = False, cuda_stream_ordered: bool = False) -> None: ...
+    def __init__(self) -> None: ...
+    save_steps: int | None
+    save_secs: float | None
+    max_to_keep: int
+    keep_checkpoint_every_n_hours: float
+    compression: str
+    compression_level: int
+    staging_bytes: int
+    on_busy: str
+    on_error: str
+    basename: str
+    chunk_bytes: int
+    num_data_files: int
+    background_threads: int
+    queue_depth: int
+    use_o_direct: bool
+    force_posix_io: bool
+    metadata: dict[str, str]
+    allow_fresh_start: bool
+    cuda_stream_ordered: bool
+
+class Checkpointer:
+    """The C++ Checkpointer."""
+
+    def __init__(self, directory: str, options: SaverOptions, asynchronous: bool) -> None: ...
     def check_due(self, step: int) -> bool: ...
     def due(self, step: int) -> bool: ...
     def save(self, step: int, specs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> None: ...

@@ -3,10 +3,10 @@
 A checkpoint's name carries its step ("model.ckpt-1000"), and the C++ engine keeps steps as
 int64: a step is an ``int`` in [0, 2**63 - 1], checked before anything is written.
 
-The schedule is Orbax's: with ``save_steps=N`` a step is due when ``step % N == 0``, so the
-step numbers of the checkpoints are the same in every run and after every restart. (The C++
-hooks keep TensorFlow's SecondOrStepTimer instead: the first step seen, then every N steps
-after the last save.)
+Orbax's schedule is here: with ``save_interval_steps=N`` a step is due when ``step % N == 0``,
+so the step numbers of the checkpoints are the same in every run and after every restart.
+(``save_steps`` keeps TensorFlow's SecondOrStepTimer, which the C++ Checkpointer decides: the
+first step seen, then every N steps after the last save.)
 """
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ def check_step(step: object) -> int:
     return value
 
 
-def check_save_steps(save_steps: object) -> int | None:
-    """``save_steps`` as an int >= 1, or None."""
-    if save_steps is None:
+def check_save_interval_steps(save_interval_steps: object) -> int | None:
+    """``save_interval_steps`` as an int >= 1, or None."""
+    if save_interval_steps is None:
         return None
-    value = _index(save_steps, "save_steps")
+    value = _index(save_interval_steps, "save_interval_steps")
     if value < 1:
-        raise ValueError(f"save_steps must be positive, got {value}")
+        raise ValueError(f"save_interval_steps must be positive, got {value}")
     return value
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import os
 import warnings
 import weakref
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Union
 
 from . import _core, _dtypes, _logging, _pickled, _stateful, _steps, _streams, _tree
@@ -82,16 +82,67 @@ def _close_quietly(core: _core.Checkpointer) -> None:
         _logging.drain()
 
 
+def option_names() -> list[str]:
+    """The options CheckpointManager takes as keywords beyond its own: SaverOptions' fields."""
+    return sorted(name for name, value in vars(_core.SaverOptions).items()
+                  if isinstance(value, property))
+
+
+def _saver_options(options: dict[str, Any]) -> _core.SaverOptions:
+    """The C++ SaverOptions with ``options`` set; TypeError naming an unknown or ill-typed one.
+
+    Defaults are SaverOptions' own and ranges are checked by the C++ Checkpointer's Create, so
+    each is written and checked in one place.
+    """
+    saver_options = _core.SaverOptions()
+    known = option_names()
+    for name, value in options.items():
+        if name not in known:
+            raise TypeError(f"CheckpointManager got an unknown option {name!r}; its options are "
+                            f"save_interval_steps, asynchronous and {', '.join(known)}")
+        expected = type(getattr(saver_options, name)).__name__
+        try:
+            # pybind11 takes True for an int; a step count or a size that is a bool is a slip.
+            if isinstance(value, bool) and expected != "bool":
+                raise TypeError(name)
+            setattr(saver_options, name, value)
+        except TypeError:
+            raise TypeError(f"option {name}={value!r} cannot be set: expected "
+                            f"{'None or ' if name in _OPTIONAL_OPTIONS else ''}a {expected}"
+                            f"{' >= 0' if expected == 'int' else ''}") from None
+    return saver_options
+
+
+# SaverOptions' fields that are unset by default (std::optional).
+_OPTIONAL_OPTIONS = frozenset({"save_steps", "save_secs"})
+
+
+def _check_schedule(save_steps: object, save_secs: object, save_interval_steps: object) -> None:
+    """ValueError unless at most one of the three schedules is given."""
+    given = [name for name, value in (("save_steps", save_steps), ("save_secs", save_secs),
+                                      ("save_interval_steps", save_interval_steps))
+             if value is not None]
+    if len(given) > 1:
+        raise ValueError(f"give at most one of save_steps, save_secs and save_interval_steps, "
+                         f"not {' and '.join(given)}")
+
+
 class CheckpointManager:
     """Saves and restores a training job's state in a checkpoint directory.
 
-    The options are the C++ SaverOptions under their own names. Exactly one of ``save_steps`` /
-    ``save_secs`` drives ``maybe_save`` and ``should_save``; with neither, only ``save`` may be
-    called. ``save_steps=N`` follows Orbax: a step is due when ``step % N == 0`` (so the step
-    numbers are the same across restarts), unlike the C++ hooks' SecondOrStepTimer (the first
-    step seen, then every N steps after the last save). ``save_secs`` is that timer's: the first
-    step seen, then the first step ``save_secs`` seconds after the last save. Either way a step
-    that is not above every step saved so far is never due. A bad option raises ValueError.
+    Options (keywords): ``save_interval_steps`` and ``asynchronous`` are the manager's own; every
+    other is a field of the C++ SaverOptions under its own name, with its default
+    (``option_names()`` lists them; ``metadata`` is SaverOptions' user_metadata). At most one
+    schedule drives ``maybe_save`` and ``should_save``; with none, only ``save`` may be called:
+
+    - ``save_steps=N`` is TensorFlow's rule, as in the C++ hooks: the first step seen, then the
+      first step at least N steps after the last save;
+    - ``save_interval_steps=N`` is Orbax's: a step is due when ``step % N == 0``, so the step
+      numbers of the checkpoints are the same in every run and after every restart;
+    - ``save_secs=S``: the first step seen, then the first step S seconds after the last save.
+
+    Either way a step that is not above every step saved so far is never due. A bad option
+    raises ValueError (a bad value) or TypeError (an unknown name or a wrong type).
 
     A state is a dict, list or tuple of tensors, arrays, plain values and stateful objects
     (anything with ``state_dict()`` / ``load_state_dict()``: modules, optimizers, schedulers),
@@ -116,39 +167,29 @@ class CheckpointManager:
     Not thread-safe beyond this: calls from several threads are serialised.
     """
 
-    def __init__(self, directory: StrPath, *, save_steps: int | None = None,
-                 save_secs: float | None = None, max_to_keep: int = 5,
-                 keep_checkpoint_every_n_hours: float = 0, compression: str = "shuffle+zstd",
-                 compression_level: int = 1, staging_bytes: int = 0, on_busy: str = "wait",
-                 on_error: str = "stop", asynchronous: bool = True, basename: str = "model.ckpt",
-                 chunk_bytes: int = _core.DEFAULT_CHUNK_BYTES,
-                 num_data_files: int = _core.DEFAULT_NUM_DATA_FILES,
-                 background_threads: int = 0, queue_depth: int = _core.DEFAULT_QUEUE_DEPTH,
-                 use_o_direct: bool = True, force_posix_io: bool = False,
-                 metadata: Mapping[str, str] | None = None,
-                 allow_fresh_start: bool = False,
-                 cuda_stream_ordered: bool = False) -> None:
-        if cuda_stream_ordered:
+    def __init__(self, directory: StrPath, *, save_interval_steps: int | None = None,
+                 asynchronous: bool = True, **options: Any) -> None:
+        _check_schedule(options.get("save_steps"), options.get("save_secs"),
+                        save_interval_steps)
+        saver_options = _saver_options(options)
+        self._save_interval_steps = _steps.check_save_interval_steps(save_interval_steps)
+        self._scheduled = (self._save_interval_steps is not None or
+                           saver_options.save_steps is not None or
+                           saver_options.save_secs is not None)
+        if saver_options.save_steps is None and saver_options.save_secs is None:
+            # The C++ options need a schedule; save() alone ignores it, maybe_save refuses,
+            # and save_interval_steps is decided here.
+            saver_options.save_steps = 1
+        if saver_options.cuda_stream_ordered:
             _streams.check_gpu_visible()
-        self._stream_ordered = bool(cuda_stream_ordered)
+        self._stream_ordered = saver_options.cuda_stream_ordered
         self._update_waits = 0  # live wait_before_update hooks
         self._copying_gpus: set[int] = set()  # GPUs whose copies no stream waited for yet
-        self._scheduled = save_steps is not None or save_secs is not None
-        # save_steps is Python's schedule (Orbax's rule); the C++ timer then sees every step.
-        self._save_steps = _steps.check_save_steps(save_steps) if save_secs is None else None
         self._directory = os.fspath(directory)
-        self._on_error = on_error
+        self._on_error = saver_options.on_error
         self._failures_seen = 0
-        self._allow_fresh_start = bool(allow_fresh_start)
-        self._core = _core.Checkpointer(
-            self._directory,
-            # The C++ options need a schedule; save() alone ignores it, maybe_save refuses.
-            save_steps if save_secs is not None else 1,
-            save_secs, max_to_keep, float(keep_checkpoint_every_n_hours), compression,
-            compression_level, staging_bytes, on_busy, on_error, asynchronous, basename,
-            chunk_bytes, num_data_files, background_threads, queue_depth, use_o_direct,
-            force_posix_io, dict(metadata or {}), allow_fresh_start=bool(allow_fresh_start),
-            cuda_stream_ordered=self._stream_ordered)
+        self._allow_fresh_start = saver_options.allow_fresh_start
+        self._core = _core.Checkpointer(self._directory, saver_options, bool(asynchronous))
         self._closed = False
         self._finalizer = weakref.finalize(self, _close_quietly, self._core)
         self._ledger = _steps.StepLedger(self._core.latest_step())
@@ -187,13 +228,14 @@ class CheckpointManager:
         self._core.prepare([leaf.spec() for leaf in leaves], int(reserve_bytes))
 
     def should_save(self, step: int) -> bool:
-        """Whether ``maybe_save(step, ...)`` would save: with save_steps, ``step % N == 0``; with
-        save_secs, the timer's rule; never for a step not above every step saved so far."""
+        """Whether ``maybe_save(step, ...)`` would save: with save_interval_steps,
+        ``step % N == 0``; with save_steps or save_secs, the C++ timer's rule; never for a step
+        not above every step saved so far."""
         step = _steps.check_step(step)
         if not self._scheduled or not self._ledger.is_new(step):
             return False
-        if self._save_steps is not None:
-            return step % self._save_steps == 0
+        if self._save_interval_steps is not None:
+            return step % self._save_interval_steps == 0
         return self._core.due(step)
 
     def maybe_save(self, step: int, state: object, *, allow_pickle: bool = False) -> bool:
@@ -203,8 +245,8 @@ class CheckpointManager:
         staging was still busy). Cheap when no save is due: the state is not even looked at.
         """
         if not self._scheduled:
-            raise ValueError("maybe_save needs save_steps or save_secs; use save() to save "
-                             "at a step of your choice")
+            raise ValueError("maybe_save needs save_steps, save_interval_steps or save_secs; use "
+                             "save() to save at a step of your choice")
         if not self.should_save(step):
             self._report_failure()
             return False
@@ -385,6 +427,21 @@ class CheckpointManager:
                 return _load_from(reader)
         finally:
             _logging.drain()
+
+
+def _manager_signature() -> inspect.Signature:
+    """CheckpointManager's signature with every option and its default spelled out, for help()
+    and editors: the declared parameters, then SaverOptions' fields in place of **options."""
+    declared = inspect.signature(CheckpointManager.__init__)
+    defaults = _core.SaverOptions()
+    parameters = [p for p in declared.parameters.values() if p.kind != p.VAR_KEYWORD]
+    parameters += [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                                     default=getattr(defaults, name))
+                   for name in option_names()]
+    return declared.replace(parameters=parameters)
+
+
+setattr(CheckpointManager.__init__, "__signature__", _manager_signature())  # noqa: B010
 
 
 def _flatten(state: object, allow_pickle: bool) -> tuple[list[_tree.Leaf], dict[str, str]]:

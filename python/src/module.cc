@@ -68,6 +68,23 @@ T Take(Result<T> result) {
   return std::move(result).value();
 }
 
+// Runs `work` without the GIL, so that the engine's threads and other Python threads go on while
+// it blocks (a snapshot copy, a synchronous save, a wait, a read), and returns what it returns.
+template <typename Work>
+auto WithoutGil(Work&& work) {
+  py::gil_scoped_release release;
+  return work();
+}
+
+// WithoutGil, holding `mu` too: for the Checkpointer's calls, which are for one thread at a
+// time. The GIL goes first, so that a thread waiting for `mu` never holds it.
+template <typename Work>
+auto WithoutGilLocked(std::mutex& mu, Work&& work) {
+  py::gil_scoped_release release;
+  std::lock_guard lock(mu);
+  return work();
+}
+
 void TranslateStatusError(std::exception_ptr error) {
   try {
     if (error) std::rethrow_exception(error);
@@ -249,17 +266,11 @@ class PyReader {
   // match the checkpoint.
   void read_into(const std::vector<TensorSpec>& specs) {
     TensorRegistry registry = ToRegistry(specs);
-    Status status;
-    {
-      py::gil_scoped_release release;
-      status = reader_->restore(registry);
-    }
-    Check(status);
+    Check(WithoutGil([&] { return reader_->restore(registry); }));
   }
 
   std::vector<std::string> verify() {
-    py::gil_scoped_release release;
-    return reader_->verify().problems;
+    return WithoutGil([&] { return reader_->verify().problems; });
   }
 
  private:
@@ -270,6 +281,13 @@ class PyReader {
 // The Checkpointer, serialised: its methods are for one thread at a time, and Python threads
 // run them with the GIL released.
 class PyCheckpointer {
+  // Runs `work` on the checkpointer without the GIL, one thread at a time. (First in the class:
+  // its return type is deduced, so it must be defined before the methods that call it.)
+  template <typename Work>
+  auto Locked(Work&& work) {
+    return WithoutGilLocked(mu_, std::forward<Work>(work));
+  }
+
  public:
   explicit PyCheckpointer(std::unique_ptr<Checkpointer> checkpointer)
       : checkpointer_(std::move(checkpointer)) {}
@@ -277,9 +295,7 @@ class PyCheckpointer {
   ~PyCheckpointer() {
     // Waits for saves in flight; without the GIL, so that nothing the engine's threads need
     // is held up.
-    py::gil_scoped_release release;
-    std::lock_guard lock(mu_);
-    checkpointer_.reset();
+    Locked([&] { checkpointer_.reset(); });
   }
 
   // Called at every step by maybe_save, so it keeps the GIL (handing it over and taking it back
@@ -304,56 +320,26 @@ class PyCheckpointer {
   void save(int64_t step, const std::vector<TensorSpec>& specs,
             const std::map<std::string, std::string>& metadata) {
     TensorRegistry registry = ToRegistry(specs);
-    Status status;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard lock(mu_);
-      status = checkpointer_->save(step, registry, metadata);
-    }
-    Check(status);
+    Check(Locked([&] { return checkpointer_->save(step, registry, metadata); }));
   }
 
   void prepare(const std::vector<TensorSpec>& specs, uint64_t reserve_bytes) {
     TensorRegistry registry = ToRegistry(specs);
-    Status status;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard lock(mu_);
-      status = checkpointer_->prepare(registry, reserve_bytes);
-    }
-    Check(status);
+    Check(Locked([&] { return checkpointer_->prepare(registry, reserve_bytes); }));
   }
 
   bool maybe_save(int64_t step, const std::vector<TensorSpec>& specs,
                   const std::map<std::string, std::string>& metadata) {
     TensorRegistry registry = ToRegistry(specs);
-    Result<bool> taken = false;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard lock(mu_);
-      taken = checkpointer_->maybe_save(step, registry, metadata);
-    }
-    return Take(std::move(taken));
+    return Take(Locked([&] { return checkpointer_->maybe_save(step, registry, metadata); }));
   }
 
   void wait_until_finished() {
-    Status status;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard lock(mu_);
-      status = checkpointer_->wait_until_finished();
-    }
-    Check(status);
+    Check(Locked([&] { return checkpointer_->wait_until_finished(); }));
   }
 
   void close() {
-    Status status;
-    {
-      py::gil_scoped_release release;
-      std::lock_guard lock(mu_);
-      status = checkpointer_->close();
-    }
-    Check(status);
+    Check(Locked([&] { return checkpointer_->close(); }));
   }
 
   // These four are thread-safe in the Checkpointer: no wait behind a save in progress.
@@ -364,13 +350,7 @@ class PyCheckpointer {
   std::vector<std::string> damaged() const { return Take(checkpointer_->damaged()); }
 
   std::unique_ptr<CheckpointReader> open(std::optional<int64_t> step) {
-    Result<std::unique_ptr<CheckpointReader>> reader = Status::Internal("not opened");
-    {
-      py::gil_scoped_release release;
-      std::lock_guard lock(mu_);
-      reader = checkpointer_->open(step);
-    }
-    return Take(std::move(reader));
+    return Take(Locked([&] { return checkpointer_->open(step); }));
   }
 
  private:
@@ -378,48 +358,79 @@ class PyCheckpointer {
   std::unique_ptr<Checkpointer> checkpointer_;
 };
 
-std::unique_ptr<PyCheckpointer> MakeCheckpointer(
-    const std::string& directory, std::optional<int64_t> save_steps,
-    std::optional<double> save_secs, int max_to_keep, double keep_checkpoint_every_n_hours,
-    const std::string& compression, int compression_level, uint64_t staging_bytes,
-    const std::string& on_busy, const std::string& on_error, bool asynchronous,
-    const std::string& basename, uint64_t chunk_bytes, uint32_t num_data_files,
-    unsigned background_threads, unsigned queue_depth, bool use_o_direct, bool force_posix_io,
-    const std::map<std::string, std::string>& user_metadata, bool allow_fresh_start,
-    bool cuda_stream_ordered) {
-  SaverOptions options;
+// The Python manager's options: SaverOptions itself, bound field by field in the module below
+// (the one list of them; their defaults are SaverOptions', their ranges checked by Create).
+std::unique_ptr<PyCheckpointer> MakeCheckpointer(const std::string& directory, SaverOptions options,
+                                                 bool asynchronous) {
   options.checkpoint_dir = directory;
-  options.save_steps = save_steps;
-  options.save_secs = save_secs;
-  options.max_to_keep = max_to_keep;
-  options.keep_checkpoint_every_n_hours = keep_checkpoint_every_n_hours;
-  options.compression.kind = ParseCompression(compression);
-  options.compression.level = compression_level;
-  options.staging_bytes = staging_bytes;
-  options.on_busy = ParseOnBusy(on_busy);
-  options.on_error = ParseOnError(on_error);
-  options.basename = basename;
-  options.chunk_bytes = chunk_bytes;
-  options.num_data_files = num_data_files;
-  options.background_threads = background_threads;
-  options.queue_depth = queue_depth;
-  options.use_o_direct = use_o_direct;
-  options.force_posix_io = force_posix_io;
-  options.user_metadata = user_metadata;
-  options.allow_fresh_start = allow_fresh_start;
   // The Python layer places the compute stream's wait itself: before the optimizer's update
   // when a step pre-hook is registered, else right after the save.
-  options.cuda_stream_ordered = cuda_stream_ordered;
-  options.cuda_defer_compute_wait = cuda_stream_ordered;
-  Result<std::unique_ptr<Checkpointer>> made = Status::Internal("not created");
-  {
-    py::gil_scoped_release release;
-    // Constructing a manager only reads: the lock, clean-up and quarantine come at its first save.
-    made = Checkpointer::Create(std::move(options),
+  options.cuda_defer_compute_wait = options.cuda_stream_ordered;
+  // Constructing a manager only reads: the lock, clean-up and quarantine come at its first save.
+  return std::make_unique<PyCheckpointer>(Take(WithoutGil([&] {
+    return Checkpointer::Create(std::move(options),
                                 asynchronous ? SaveMode::kAsynchronous : SaveMode::kSynchronous,
                                 CheckpointerStart::kAtFirstSave);
-  }
-  return std::make_unique<PyCheckpointer>(Take(std::move(made)));
+  })));
+}
+
+// Binds SaverOptions' fields that a Python caller sets, under the manager's names.
+void BindSaverOptions(py::module_& m) {
+  py::class_<SaverOptions>(m, "SaverOptions",
+                           "The C++ SaverOptions: every option of CheckpointManager but the "
+                           "directory, the schedule's Orbax rule and the save mode.")
+      .def(py::init<>())
+      .def_readwrite("save_steps", &SaverOptions::save_steps,
+                     "TensorFlow's rule: the first step seen, then N steps after the last save.")
+      .def_readwrite("save_secs", &SaverOptions::save_secs,
+                     "The first step seen, then the first step N seconds after the last save.")
+      .def_readwrite("max_to_keep", &SaverOptions::max_to_keep,
+                     "Keep the newest N checkpoints; 0 keeps all.")
+      .def_readwrite("keep_checkpoint_every_n_hours", &SaverOptions::keep_checkpoint_every_n_hours,
+                     "Of those past max_to_keep, keep one every N hours (0: none).")
+      .def_property(
+          "compression",
+          [](const SaverOptions& o) {
+            return std::string(CompressionKindName(o.compression.kind));
+          },
+          [](SaverOptions& o, const std::string& value) {
+            o.compression.kind = ParseCompression(value);
+          },
+          "'none', 'zstd' or 'shuffle+zstd' (a chunk that does not shrink is stored raw).")
+      .def_property(
+          "compression_level", [](const SaverOptions& o) { return o.compression.level; },
+          [](SaverOptions& o, int level) { o.compression.level = level; }, "zstd's level.")
+      .def_readwrite("staging_bytes", &SaverOptions::staging_bytes,
+                     "Pinned staging budget; 0 sizes it for one snapshot of the state.")
+      .def_property(
+          "on_busy",
+          [](const SaverOptions& o) { return o.on_busy == OnBusy::kWait ? "wait" : "skip"; },
+          [](SaverOptions& o, const std::string& value) { o.on_busy = ParseOnBusy(value); },
+          "'wait' or 'skip' when a save is due while staging is busy.")
+      .def_property(
+          "on_error",
+          [](const SaverOptions& o) { return o.on_error == OnError::kStop ? "stop" : "continue"; },
+          [](SaverOptions& o, const std::string& value) { o.on_error = ParseOnError(value); },
+          "'stop' (raise at the next call, save nothing more) or 'continue' (warn).")
+      .def_readwrite("basename", &SaverOptions::basename,
+                     "Checkpoints are named <basename>-<step>.")
+      .def_readwrite("chunk_bytes", &SaverOptions::chunk_bytes,
+                     "Tensors are cut into chunks of at most this many bytes.")
+      .def_readwrite("num_data_files", &SaverOptions::num_data_files,
+                     "Data files a checkpoint is spread over, written concurrently.")
+      .def_readwrite("background_threads", &SaverOptions::background_threads,
+                     "Threads that copy and encode (0: the machine's cores).")
+      .def_readwrite("queue_depth", &SaverOptions::queue_depth, "Most writes in flight at once.")
+      .def_readwrite("use_o_direct", &SaverOptions::use_o_direct,
+                     "Write with O_DIRECT where the file system allows it.")
+      .def_readwrite("force_posix_io", &SaverOptions::force_posix_io,
+                     "The POSIX backend even where io_uring works.")
+      .def_readwrite("metadata", &SaverOptions::user_metadata,
+                     "Key/values stored in every checkpoint's metadata.")
+      .def_readwrite("allow_fresh_start", &SaverOptions::allow_fresh_start,
+                     "Start although the directory holds only damaged checkpoints.")
+      .def_readwrite("cuda_stream_ordered", &SaverOptions::cuda_stream_ordered,
+                     "Return from a save once the GPU copies are enqueued.");
 }
 
 // A torch stream handle as the CUDA device takes it: torch's default stream is the legacy
@@ -434,30 +445,27 @@ void* CudaStreamOf(uintptr_t torch_stream) {
 // `stream` (torch's Stream.cuda_stream) so far; None turns the ordering off.
 void SetComputeStream(int ordinal, std::optional<uintptr_t> stream) {
   std::shared_ptr<Device> device = CudaDevice(ordinal);
-  py::gil_scoped_release release;
-  Check(SetCudaComputeStream(*device, stream ? CudaStreamOf(*stream) : nullptr));
+  Check(WithoutGil(
+      [&] { return SetCudaComputeStream(*device, stream ? CudaStreamOf(*stream) : nullptr); }));
 }
 
 // Makes `stream` wait, on the GPU, for every snapshot copy started on GPU `ordinal`, and turns
 // the ordering off again, so that no stream outlives its use in the device.
 void WaitForCopiesOnStream(int ordinal, uintptr_t stream) {
   std::shared_ptr<Device> device = CudaDevice(ordinal);
-  py::gil_scoped_release release;
-  Status status = SetCudaComputeStream(*device, CudaStreamOf(stream));
-  if (status.ok()) status = WaitForCopiesOnComputeStream(*device);
-  Status cleared = SetCudaComputeStream(*device, nullptr);
-  Check(status.ok() ? cleared : status);
+  Check(WithoutGil([&] {
+    Status status = SetCudaComputeStream(*device, CudaStreamOf(stream));
+    if (status.ok()) status = WaitForCopiesOnComputeStream(*device);
+    Status cleared = SetCudaComputeStream(*device, nullptr);
+    return status.ok() ? cleared : status;
+  }));
 }
 
 std::unique_ptr<PyReader> OpenReader(const std::string& path, bool force_posix_io) {
   ReaderOptions options;
   options.force_posix_io = force_posix_io;
-  Result<std::unique_ptr<CheckpointReader>> reader = Status::Internal("not opened");
-  {
-    py::gil_scoped_release release;
-    reader = CheckpointReader::Open(path, options);
-  }
-  return std::make_unique<PyReader>(Take(std::move(reader)), py::none());
+  return std::make_unique<PyReader>(
+      Take(WithoutGil([&] { return CheckpointReader::Open(path, options); })), py::none());
 }
 
 }  // namespace
@@ -467,12 +475,9 @@ PYBIND11_MODULE(_core, m) {
   using namespace asyncckpt;
   using namespace asyncckpt::python;
   m.doc() = "asyncckpt's C++ engine; use the `asyncckpt` package, not this module.";
-  // The options' ranges and defaults, defined once in asyncckpt/limits.h and saver_options.h.
+  // chunk_bytes' range, defined in asyncckpt/limits.h (the defaults are SaverOptions()'s).
   m.attr("MIN_CHUNK_BYTES") = kMinChunkBytes;
   m.attr("MAX_CHUNK_BYTES") = kMaxChunkBytes;
-  m.attr("DEFAULT_CHUNK_BYTES") = SaverOptions{}.chunk_bytes;
-  m.attr("DEFAULT_QUEUE_DEPTH") = kDefaultQueueDepth;
-  m.attr("DEFAULT_NUM_DATA_FILES") = SaverOptions{}.num_data_files;
 
   checkpoint_error = PyErr_NewExceptionWithDoc(
       "asyncckpt.CheckpointError",
@@ -490,15 +495,10 @@ PYBIND11_MODULE(_core, m) {
       .def("read_into", &PyReader::read_into, py::arg("specs"))
       .def("verify", &PyReader::verify);
 
+  BindSaverOptions(m);
   py::class_<PyCheckpointer>(m, "Checkpointer")
-      .def(py::init(&MakeCheckpointer), py::arg("directory"), py::arg("save_steps"),
-           py::arg("save_secs"), py::arg("max_to_keep"), py::arg("keep_checkpoint_every_n_hours"),
-           py::arg("compression"), py::arg("compression_level"), py::arg("staging_bytes"),
-           py::arg("on_busy"), py::arg("on_error"), py::arg("asynchronous"), py::arg("basename"),
-           py::arg("chunk_bytes"), py::arg("num_data_files"), py::arg("background_threads"),
-           py::arg("queue_depth"), py::arg("use_o_direct"), py::arg("force_posix_io"),
-           py::arg("user_metadata"), py::arg("allow_fresh_start") = false,
-           py::arg("cuda_stream_ordered") = false)
+      .def(py::init(&MakeCheckpointer), py::arg("directory"), py::arg("options"),
+           py::arg("asynchronous"))
       .def("check_due", &PyCheckpointer::check_due, py::arg("step"))
       .def("due", &PyCheckpointer::due, py::arg("step"))
       .def("save", &PyCheckpointer::save, py::arg("step"), py::arg("specs"), py::arg("metadata"))
@@ -525,11 +525,7 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "latest_checkpoint",
       [](const std::string& directory) -> std::optional<std::string> {
-        Result<std::string> latest = Status::Internal("not read");
-        {
-          py::gil_scoped_release release;
-          latest = LatestCheckpoint(directory);
-        }
+        Result<std::string> latest = WithoutGil([&] { return LatestCheckpoint(directory); });
         if (!latest.ok() && latest.status().code() == StatusCode::kNotFound) return std::nullopt;
         return Take(std::move(latest));
       },

@@ -109,9 +109,20 @@ def test_a_stub_definition_matches_the_module(name):
         assert issubclass(runtime, RuntimeError)
     else:
         methods = {n.name: n for n in node.body if isinstance(n, ast.FunctionDef)}
+        attributes = {n.target.id: n.annotation for n in node.body
+                      if isinstance(n, ast.AnnAssign)}
         bound = {n for n, v in vars(runtime).items()
                  if not n.startswith("_") or _runtime_function(v, n) is not None}
-        assert set(methods) == bound, name
+        assert set(methods) | set(attributes) == bound, name
+        for attribute_name, annotation in attributes.items():
+            attribute = vars(runtime)[attribute_name]
+            where = f"{name}.{attribute_name}"
+            assert isinstance(attribute, property) and attribute.fset is not None, where
+            getter = _runtime_function(attribute.fget, attribute_name)
+            assert getter is not None, f"{where}: the module has no pybind11 signature for it"
+            assert _same_type(_stub_type(annotation),
+                              _runtime_type(ast.unparse(getter.returns))), \
+                f"{where}: {ast.unparse(annotation)} vs {ast.unparse(getter.returns)}"
         for method, stub in methods.items():
             attribute = vars(runtime)[method]
             if isinstance(attribute, property):

@@ -2,6 +2,7 @@
 schedules, failures and statistics."""
 
 import collections
+import inspect
 import math
 import os
 import shutil
@@ -197,7 +198,9 @@ def test_restore_adds_what_a_fresh_optimizer_lacks_and_replaces_plain_values(ckp
 
 @pytest.mark.parametrize("options, message", [
     ({"save_steps": 0}, "save_steps must be positive, got 0"),
-    ({"save_steps": 5, "save_secs": 1.0}, "Exactly one of save_steps or save_secs"),
+    ({"save_interval_steps": 0}, "save_interval_steps must be positive, got 0"),
+    ({"save_steps": 5, "save_secs": 1.0}, "not save_steps and save_secs"),
+    ({"save_steps": 5, "save_interval_steps": 5}, "not save_steps and save_interval_steps"),
     ({"save_steps": 5, "max_to_keep": -1}, "max_to_keep must be >= 0"),
     ({"compression": "lz4"}, "compression must be 'none', 'zstd' or 'shuffle\\+zstd', got 'lz4'"),
     ({"on_busy": "drop"}, "on_busy must be 'wait' or 'skip', got 'drop'"),
@@ -211,11 +214,52 @@ def test_a_bad_option_raises_value_error_with_the_message_of_the_cpp_library(ckp
         asyncckpt.CheckpointManager(ckpt_dir, **options)
 
 
+@pytest.mark.parametrize("options, message", [
+    ({"max_to_keeep": 3}, "unknown option 'max_to_keeep'.*max_to_keep"),
+    ({"queue_depth": "64"}, r"option queue_depth='64' cannot be set: expected a int"),
+    ({"save_steps": 2.5}, r"option save_steps=2.5 cannot be set: expected None or a"),
+    ({"save_steps": True}, r"option save_steps=True cannot be set"),
+    ({"use_o_direct": "yes"}, r"option use_o_direct='yes' cannot be set: expected a bool"),
+])
+def test_an_unknown_or_ill_typed_option_raises_type_error_naming_it(ckpt_dir, options, message):
+    with pytest.raises(TypeError, match=message):
+        asyncckpt.CheckpointManager(ckpt_dir, **options)
+    assert os.listdir(ckpt_dir) == []
+
+
+def test_the_options_are_the_cpp_saver_options_with_their_defaults():
+    names = asyncckpt.manager.option_names()
+    assert {"save_steps", "save_secs", "max_to_keep", "queue_depth", "compression",
+            "metadata", "cuda_stream_ordered"} <= set(names)
+    defaults = asyncckpt._core.SaverOptions()
+    assert (defaults.max_to_keep, defaults.compression, defaults.use_o_direct) == \
+        (5, "shuffle+zstd", True)
+    shown = inspect.signature(asyncckpt.CheckpointManager).parameters
+    assert shown["queue_depth"].default == defaults.queue_depth
+    assert shown["save_steps"].default is None
+    assert set(names) | {"directory", "save_interval_steps", "asynchronous"} == set(shown)
+
+
 @pytest.mark.parametrize("asynchronous", [True, False])
-def test_maybe_save_saves_the_multiples_of_save_steps_as_orbax_does(ckpt_dir, asynchronous):
-    state = {"w": torch.zeros(10)}
+def test_save_steps_follows_tensorflows_timer(ckpt_dir, asynchronous):
+    """The first step seen, then the first step at least save_steps after the last save."""
     taken = []
     with asyncckpt.CheckpointManager(ckpt_dir, save_steps=3, max_to_keep=0,
+                                     asynchronous=asynchronous) as manager:
+        for step in range(2, 12):
+            due = manager.should_save(step)
+            assert manager.maybe_save(step, {"w": torch.full((2,), float(step))}) == due
+            if due:
+                taken.append(step)
+    assert taken == [2, 5, 8, 11]
+
+
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_maybe_save_saves_the_multiples_of_save_interval_steps_as_orbax_does(ckpt_dir,
+                                                                             asynchronous):
+    state = {"w": torch.zeros(10)}
+    taken = []
+    with asyncckpt.CheckpointManager(ckpt_dir, save_interval_steps=3, max_to_keep=0,
                                      asynchronous=asynchronous) as manager:
         for step in range(1, 11):
             state["w"].fill_(step)
@@ -231,7 +275,8 @@ def test_maybe_save_saves_the_multiples_of_save_steps_as_orbax_does(ckpt_dir, as
 
 def test_maybe_save_without_a_schedule_is_refused(ckpt_dir):
     with asyncckpt.CheckpointManager(ckpt_dir) as manager, \
-            pytest.raises(ValueError, match="maybe_save needs save_steps or save_secs"):
+            pytest.raises(ValueError,
+                          match="maybe_save needs save_steps, save_interval_steps or save_secs"):
         manager.maybe_save(1, {"w": torch.ones(1)})
 
 

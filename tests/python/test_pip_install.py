@@ -86,7 +86,7 @@ import asyncckpt
 assert pathlib.Path(asyncckpt.__file__).is_relative_to(pathlib.Path(sys.prefix)), asyncckpt.__file__
 with tempfile.TemporaryDirectory() as directory:
     weights = np.random.default_rng(0).standard_normal((64, 33)).astype(np.float32)
-    with asyncckpt.CheckpointManager(directory, save_steps=5) as manager:
+    with asyncckpt.CheckpointManager(directory, save_interval_steps=5) as manager:
         for step in range(1, 11):
             manager.maybe_save(step, {"w": weights + step, "step": step, "name": "run"})
     state = {"w": np.zeros_like(weights), "step": 0, "name": ""}

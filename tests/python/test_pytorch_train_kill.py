@@ -1,6 +1,6 @@
 """The real training job: examples/pytorch_train.py killed with SIGKILL again and again, restarted
 each time, ends with the model, optimizer and learning-rate schedule of an uninterrupted run, bit
-for bit, and the same accuracy; every resume is from a multiple of --save-steps."""
+for bit, and the same accuracy; every resume is from a multiple of --save-interval-steps."""
 
 import json
 import random
@@ -22,7 +22,7 @@ SAVE_STEPS = 10
 
 def command(checkpoint_dir, *extra):
     return [sys.executable, str(EXAMPLE), "--checkpoint-dir", str(checkpoint_dir),
-            "--steps", str(STEPS), "--save-steps", str(SAVE_STEPS), "--eval-every", "100", *extra]
+            "--steps", str(STEPS), "--save-interval-steps", str(SAVE_STEPS), "--eval-every", "100", *extra]
 
 
 def run_and_kill(checkpoint_dir, steps_before_kill):

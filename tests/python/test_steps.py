@@ -79,9 +79,9 @@ def test_a_step_below_the_latest_raises_unless_forced_also_after_a_restart(ckpt_
 
 
 def test_maybe_save_never_saves_a_step_that_is_not_new(ckpt_dir):
-    with asyncckpt.CheckpointManager(ckpt_dir, save_steps=5) as manager:
+    with asyncckpt.CheckpointManager(ckpt_dir, save_interval_steps=5) as manager:
         assert manager.maybe_save(10, state())
-    with asyncckpt.CheckpointManager(ckpt_dir, save_steps=5) as manager:
+    with asyncckpt.CheckpointManager(ckpt_dir, save_interval_steps=5) as manager:
         assert not manager.should_save(10) and not manager.maybe_save(10, state())
         assert not manager.should_save(5) and not manager.maybe_save(5, state())
         assert manager.should_save(15) and manager.maybe_save(15, state())
@@ -89,14 +89,14 @@ def test_maybe_save_never_saves_a_step_that_is_not_new(ckpt_dir):
         assert manager.all_steps() == [10, 15]
 
 
-def test_checkpoint_numbers_survive_a_restart_with_save_steps(ckpt_dir):
-    """Orbax's rule: resumed from 9 with save_steps=3, the next saves are 12 and 15."""
+def test_checkpoint_numbers_survive_a_restart_with_save_interval_steps(ckpt_dir):
+    """Orbax's rule: resumed from 9 with save_interval_steps=3, the next saves are 12 and 15."""
     taken = []
-    with asyncckpt.CheckpointManager(ckpt_dir, save_steps=3, max_to_keep=0) as manager:
+    with asyncckpt.CheckpointManager(ckpt_dir, save_interval_steps=3, max_to_keep=0) as manager:
         for step in range(1, 11):
             if manager.maybe_save(step, state(step)):
                 taken.append(step)
-    with asyncckpt.CheckpointManager(ckpt_dir, save_steps=3, max_to_keep=0) as manager:
+    with asyncckpt.CheckpointManager(ckpt_dir, save_interval_steps=3, max_to_keep=0) as manager:
         start = manager.latest_step()
         for step in range(start + 1, 17):
             if manager.maybe_save(step, state(step)):
@@ -108,9 +108,10 @@ def test_checkpoint_numbers_survive_a_restart_with_save_steps(ckpt_dir):
 
 @pytest.mark.parametrize("value, error", [(0, ValueError), (-3, ValueError),
                                           (2.5, TypeError), (True, TypeError)])
-def test_a_bad_save_steps_is_refused(ckpt_dir, value, error):
-    with pytest.raises(error, match="save_steps"):
-        asyncckpt.CheckpointManager(ckpt_dir, save_steps=value)
+@pytest.mark.parametrize("option", ["save_steps", "save_interval_steps"])
+def test_a_bad_save_steps_is_refused(ckpt_dir, option, value, error):
+    with pytest.raises(error, match=option):
+        asyncckpt.CheckpointManager(ckpt_dir, **{option: value})
 
 
 def test_save_secs_keeps_the_timer_and_should_save_says_so(ckpt_dir):
