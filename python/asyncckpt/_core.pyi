@@ -31,6 +31,12 @@ class SaveStatsDict(TypedDict):
     blocked_seconds: float
     seconds_to_durable: float
 
+class ReadStatsDict(TypedDict):
+    """Reader.read_stats(): the C++ ReadStats."""
+
+    bytes_read: int
+    chunks_read: int
+
 class TotalsDict(TypedDict):
     """Checkpointer.totals(): the C++ SaverTotals."""
 
@@ -65,6 +71,8 @@ class Reader:
     def tensors(self) -> list[tuple[str, str, list[int], int, int]]:
         """(name, C++ dtype short name, shape, bytes, stored bytes) of every tensor."""
     def read_into(self, specs: Sequence[TensorSpec]) -> None: ...
+    def read_stats(self) -> ReadStatsDict:
+        """Bytes and chunks this reader has read so far."""
     def verify(self) -> list[str]: ...
 
 class SaverOptions:

@@ -123,14 +123,14 @@ def _swap_in(value: object, swapped: list[tuple[dict[Any, Any] | list[Any], Any,
 
 
 @contextlib.contextmanager
-def restoring(state: dict[Any, Any] | list[Any]) -> Iterator[None]:
-    """Within: ``state`` holds each stateful object's state dict in its place, to be filled.
-    On a normal exit each object gets ``load_state_dict()`` of the filled dict; always, the
-    objects are put back."""
+def restoring(state: dict[Any, Any] | list[Any]) -> Iterator[set[int]]:
+    """Within: ``state`` holds each stateful object's state dict in its place, to be filled;
+    yields the ids of those dicts. On a normal exit each object gets ``load_state_dict()`` of
+    the filled dict; always, the objects are put back."""
     swapped: list[tuple[dict[Any, Any] | list[Any], Any, Stateful]] = []
     try:
         _swap_in(state, swapped)
-        yield
+        yield {id(container[key]) for container, key, _ in swapped}
         for container, key, obj in swapped:
             obj.load_state_dict(container[key])
     finally:

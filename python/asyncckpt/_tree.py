@@ -399,6 +399,10 @@ class Plan:
         self.copies: list[tuple[Array, Array]] = []  # (destination, temporary of its kind)
         self.assigns: list[tuple[Container, object, object]] = []  # (container, key, value)
         self.built: dict[str, Array] = {}  # tensor name -> what it went into (for tied ones)
+        # Dicts that take every key of the checkpoint: the state dicts made for stateful
+        # objects (their load_state_dict needs it all: a fresh optimizer's empty "state").
+        self.whole: set[int] = set()
+        self.missing: list[str] = []  # template positions the checkpoint lacks
 
     def read(self, name: str, canonical: str, node_shape: list[int], array: Array, address: int,
              cuda: int | None) -> None:
@@ -561,19 +565,7 @@ def fill(template: object, node: Node, names: list[str], plan: Plan) -> object:
     if "d" in node:
         if not isinstance(template, dict):
             return _replace(template, node, names, plan)
-        saved_keys = {key for key, _ in node["d"]}
-        for key in template:
-            if key not in saved_keys:
-                raise ValueError(f"cannot restore: {_where(names + [_key_name(key)])} is in the "
-                                 "given state but not in the checkpoint")
-        for key, child in node["d"]:
-            child_names = names + [_key_name(key)]
-            if key in template:
-                value = fill(template[key], child, child_names, plan)
-                if value is not template[key]:
-                    plan.assigns.append((template, key, value))
-            else:
-                plan.assigns.append((template, key, build(child, child_names, plan)))
+        _fill_dict(template, node, names, plan)
         if "m" in node and type(template) is collections.OrderedDict:
             set_versions(template, build(node["m"], names + ["_metadata"], plan))
         return template
@@ -597,6 +589,29 @@ def fill(template: object, node: Node, names: list[str], plan: Plan) -> object:
         return tuple(fill(item, child, names + [str(i)], plan)
                      for i, (item, child) in enumerate(zip(template, node["t"])))
     return _replace(template, node, names, plan)
+
+
+def _fill_dict(template: dict[Any, Any], node: Node, names: list[str], plan: Plan) -> None:
+    """Fills the keys of ``template`` that the checkpoint has; reads nothing else.
+
+    A key of ``template`` the checkpoint lacks goes to ``plan.missing``. A key of the checkpoint
+    that ``template`` lacks is left alone (not read, not added), unless ``template`` is empty
+    (a placeholder, as None is: it takes the whole saved dict) or a stateful object's own state
+    dict (``plan.whole``), whose ``load_state_dict`` gets everything that was saved.
+    """
+    saved = dict(node["d"])
+    for key in template:
+        if key not in saved:
+            plan.missing.append(_where(names + [_key_name(key)]))
+    take_all = not template or id(template) in plan.whole
+    for key, child in node["d"]:
+        child_names = names + [_key_name(key)]
+        if key in template:
+            value = fill(template[key], child, child_names, plan)
+            if value is not template[key]:
+                plan.assigns.append((template, key, value))
+        elif take_all:
+            plan.assigns.append((template, key, build(child, child_names, plan)))
 
 
 def _replace(template: object, node: Node, names: list[str], plan: Plan) -> object:

@@ -376,23 +376,30 @@ class CheckpointManager:
     # ---- restoring -------------------------------------------------------------------------
 
     def restore(self, state: dict[Any, Any] | list[Any], step: int | None = None, *,
-                allow_pickle: bool = False) -> int | None:
+                partial: bool = False, allow_pickle: bool = False) -> int | None:
         """Fills ``state`` in place from checkpoint ``step`` (the latest when None).
 
+        Only what ``state`` names is read: keys the checkpoint has and ``state`` lacks are
+        neither read nor added, so ``restore({"model": model})`` reads the model's bytes alone.
         Tensors and arrays are read straight into their memory, every chunk verified; their
         dtypes and shapes must match the checkpoint's (ValueError naming the key otherwise, and
-        then nothing is changed). Dicts and lists are updated in place: keys the checkpoint has
-        and ``state`` lacks are added (a fresh optimizer's empty ``state``), plain values and
-        tuples are replaced by the saved ones. A key of ``state`` the checkpoint lacks is an
-        error. Returns the restored step, or None (``state`` untouched) when there is no
-        checkpoint yet; raises CheckpointError naming them when there is none but damaged ones
+        then nothing is changed). Dicts and lists are updated in place; plain values and tuples
+        are replaced by the saved ones. An empty dict, or None, in ``state`` is a placeholder
+        that takes whatever the checkpoint holds there (a fresh optimizer's empty ``state``).
+
+        A key of ``state`` that the checkpoint lacks is a ValueError naming every such key
+        (nothing is changed), as DCP refuses it: restoring a model whose new layer silently
+        keeps its initial weights is a bug. ``partial=True`` leaves such keys as they are.
+
+        Returns the restored step, or None (``state`` untouched) when there is no checkpoint
+        yet; raises CheckpointError naming them when there is none but damaged ones
         (quarantined at the first save; see docs/durability.md), unless allow_fresh_start.
 
         A stateful object in ``state`` (a module, an optimizer, a scheduler: anything with
         ``state_dict()`` / ``load_state_dict()``) is restored as DCP does it: a fresh
-        ``state_dict()`` of it is filled from the checkpoint and handed to its
-        ``load_state_dict()``; the object stays where it was. A plain state dict in ``state``
-        is filled like any dict, and handing it to its owner is then the caller's job.
+        ``state_dict()`` of it is filled from everything the checkpoint holds for it and handed
+        to its ``load_state_dict()``; the object stays where it was. A plain state dict in
+        ``state`` is filled like any dict, and handing it to its owner is then the caller's job.
         ``allow_pickle`` reads values saved with pickle (see load()).
         """
         if not isinstance(state, (dict, list)):
@@ -404,8 +411,8 @@ class CheckpointManager:
                 return None
         try:
             reader = self._core.open(_steps.check_step(step))
-            with _pickled.allowed(allow_pickle), _stateful.restoring(state):
-                _restore_from(reader, state)
+            with _pickled.allowed(allow_pickle), _stateful.restoring(state) as whole:
+                _restore_from(reader, state, whole, partial)
         finally:
             _logging.drain()
         return reader.step
@@ -451,9 +458,13 @@ def _flatten(state: object, allow_pickle: bool) -> tuple[list[_tree.Leaf], dict[
         return _tree.flatten(_stateful.saveable(state))
 
 
-def _restore_from(reader: _core.Reader, state: dict[Any, Any] | list[Any]) -> None:
+def _restore_from(reader: _core.Reader, state: dict[Any, Any] | list[Any],
+                  whole: set[int] | None = None, partial: bool = False) -> None:
+    """Reads what ``state`` names from ``reader`` into it (see CheckpointManager.restore);
+    ``whole``: ids of the dicts that take every saved key (stateful objects' state dicts)."""
     tree = _tree.read_tree(reader.metadata(), reader.path)
     plan = _tree.Plan()
+    plan.whole = whole or set()
     if tree is None:
         _plan_by_name(reader, state, plan)
     else:
@@ -462,6 +473,12 @@ def _restore_from(reader: _core.Reader, state: dict[Any, Any] | list[Any]) -> No
                              f"{_tree.describe_node(tree)}, the given state is a "
                              f"{type(state).__name__}")
         _tree.fill(state, tree, [], plan)
+    if plan.missing and not partial:
+        raise ValueError(f"cannot restore: {', '.join(plan.missing)} "
+                         f"{'is' if len(plan.missing) == 1 else 'are'} in the given state but "
+                         f"not in the checkpoint {reader.path}; pass partial=True to leave "
+                         f"{'it' if len(plan.missing) == 1 else 'them'} as "
+                         f"{'it is' if len(plan.missing) == 1 else 'they are'}")
     reader.read_into(plan.specs)
     plan.finish()
 
@@ -472,7 +489,8 @@ def _plan_by_name(reader: _core.Reader, state: dict[Any, Any] | list[Any],
     infos = {name: (dtype, shape) for name, dtype, shape, _, _ in reader.tensors()}
     for name, array, names in _tree.template_leaves(state, [], []):
         if name not in infos:
-            raise ValueError(f"cannot restore '{name}': {reader.path} has no tensor of that name")
+            plan.missing.append(f"'{name}'")
+            continue
         stored, shape = infos[name]
         canonical = _dtypes.CANONICAL_OF_STORED.get(stored, stored)
         # Only the canonical dtype and the shape are compared, whichever library holds it.

@@ -269,6 +269,15 @@ class PyReader {
     Check(WithoutGil([&] { return reader_->restore(registry); }));
   }
 
+  // What this reader has read so far: {"bytes_read": ..., "chunks_read": ...}.
+  py::dict read_stats() const {
+    const ReadStats stats = reader_->read_stats();
+    py::dict out;
+    out["bytes_read"] = stats.bytes_read;
+    out["chunks_read"] = stats.chunks_read;
+    return out;
+  }
+
   std::vector<std::string> verify() {
     return WithoutGil([&] { return reader_->verify().problems; });
   }
@@ -493,6 +502,7 @@ PYBIND11_MODULE(_core, m) {
       .def("metadata", &PyReader::metadata)
       .def("tensors", &PyReader::tensors)
       .def("read_into", &PyReader::read_into, py::arg("specs"))
+      .def("read_stats", &PyReader::read_stats)
       .def("verify", &PyReader::verify);
 
   BindSaverOptions(m);
