@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import asyncckpt
-from asyncckpt import _core, manager as manager_module
+from asyncckpt import _core
+from asyncckpt import manager as manager_module
 
 torch = pytest.importorskip("torch")
 
@@ -76,10 +77,11 @@ def test_template_keys_the_checkpoint_lacks_are_refused_naming_each_and_change_n
     state = {"model": {"w": torch.zeros(256, 64), "b": torch.zeros(64),
                        "new_layer": torch.zeros(3)},
              "ema": torch.zeros(2)}
-    with asyncckpt.CheckpointManager(ckpt_dir) as manager:
-        with pytest.raises(ValueError, match=r"'ema', 'model/new_layer' are in the given state "
-                                             r"but not in the checkpoint .*partial=True"):
-            manager.restore(state)
+    refusal = (r"'ema', 'model/new_layer' are in the given state but not in the checkpoint "
+               r".*partial=True")
+    with asyncckpt.CheckpointManager(ckpt_dir) as manager, \
+            pytest.raises(ValueError, match=refusal):
+        manager.restore(state)
     assert torch.equal(state["model"]["w"], torch.zeros(256, 64)), "changed before the refusal"
 
 
