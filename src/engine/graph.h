@@ -27,9 +27,6 @@
 
 namespace asyncckpt {
 
-/// The name of every engine's commit thread (as pthread_getname_np reports it).
-inline constexpr char kCommitThreadName[] = "ckpt-commit";
-
 /// What the graph needs to know of the engine's options.
 struct GraphOptions {
   /// Where checkpoints are committed.

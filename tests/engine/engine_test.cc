@@ -20,7 +20,7 @@
 #include "asyncckpt/reader.h"
 #include "asyncckpt/state.h"
 #include "io/fault_injection_file_system.h"
-#include "src/engine/graph.h"
+#include "src/engine/engine_threads.h"
 #include "src/format/placement.h"
 #include "src/staging/staging_pool.h"
 #include "tests/device/flaky_device.h"
