@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "asyncckpt/dtype.h"
+#include "asyncckpt/limits.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/tensor.h"
 #include "src/codec/codec.h"
@@ -53,8 +54,7 @@ inline constexpr uint32_t kMaxDataFiles = 65536;
 inline constexpr size_t kMaxMetadataKeyBytes = 64 * 1024;
 /// Longest metadata value.
 inline constexpr size_t kMaxMetadataValueBytes = 1024 * 1024;
-/// Largest raw chunk; bounds what a reader allocates to decode one chunk.
-inline constexpr uint64_t kMaxChunkBytes = 1ULL << 30;
+// The largest raw chunk is kMaxChunkBytes (asyncckpt/limits.h), which chunk_bytes is held to.
 /// Largest index a reader accepts.
 inline constexpr uint64_t kMaxIndexBytes = 1ULL << 30;
 
