@@ -17,7 +17,6 @@
 #include "asyncckpt/dtype.h"
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/hooks.h"
-#include "asyncckpt/saver_hook.h"
 #include "asyncckpt/saver_options.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/tensor.h"

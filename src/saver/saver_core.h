@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "asyncckpt/hooks.h"
-#include "asyncckpt/saver_hook.h"
+#include "asyncckpt/saver_types.h"
 #include "src/engine/engine.h"
 #include "src/saver/saver_common.h"
 
