@@ -258,8 +258,9 @@ bool Engine::Impl::Busy(const SaveJob& save) const {
 Result<SubmitResult> Engine::Impl::Submit(SubmitRequest request) {
   const auto start = request.started.value_or(SteadyClock::now());
   const std::string name = format::CheckpointDirName(options_.basename, request.metadata.step);
-  // Checked before anything is copied or written: a name or rank the index cannot hold would
-  // otherwise fail only at the commit, after every byte was written.
+  // Checked before anything is copied or written: a step, name or rank the index cannot hold
+  // would otherwise fail only at the commit, after every byte was written.
+  RETURN_IF_ERROR(ValidateCheckpointStep(request.metadata.step));
   RETURN_IF_ERROR(format::ValidateMetadata(request.metadata).WithContext(name));
   SnapshotPlan plan;
   if (request.plan) {

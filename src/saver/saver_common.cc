@@ -296,10 +296,4 @@ EngineOptions EngineOptionsFor(const SaverOptions& saver, std::string job_token)
   return options;
 }
 
-Status CheckStep(int64_t step) {
-  if (step >= 0) return Status::OK();
-  return Status::InvalidArgument("step " + std::to_string(step) +
-                                 " is negative; a checkpoint's step is 0 or more");
-}
-
 }  // namespace asyncckpt

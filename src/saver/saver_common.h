@@ -118,10 +118,6 @@ struct SaverStart {
 Result<SaverStart> StartSaver(const SaverOptions& options, const TensorRegistry& registry,
                               SaverStorage* storage);
 
-/// InvalidArgument for a negative step: a checkpoint's name carries its step, and
-/// "model.ckpt--1" is not a name the checkpoint directory can hold.
-Status CheckStep(int64_t step);
-
 /// Collective in a multi-process job (a no-op otherwise): OK on every rank when `local` is OK
 /// on every rank, else on every rank the error of the lowest failing rank, naming it. The hooks
 /// call it after creating their engine, so that no rank trains on alone.

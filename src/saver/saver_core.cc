@@ -119,7 +119,6 @@ uint64_t SaverCore::staging_budget() const { return engine_ ? engine_->staging_b
 Result<CoreSaveResult> SaverCore::Save(CoreSaveRequest request) {
   if (!engine_) return Status::FailedPrecondition("the saver has not started (begin() not called)");
   const int64_t step = request.metadata.step;
-  RETURN_IF_ERROR(CheckStep(step));
   const auto start = request.started.value_or(SteadyClock::now());
   const bool heed = request.heed_listeners;
   SubmitRequest submit;
