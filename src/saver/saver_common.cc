@@ -6,7 +6,7 @@
 
 #include "asyncckpt/state.h"
 #include "src/saver/coordination.h"
-#include "src/state/committed_steps.h"
+#include "src/state/checkpoint_validator.h"
 #include "src/util/io_status.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"

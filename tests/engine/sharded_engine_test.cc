@@ -31,7 +31,7 @@
 #include "src/engine/engine.h"
 #include "src/format/format.h"
 #include "src/saver/saver_common.h"
-#include "src/state/committed_steps.h"
+#include "src/state/checkpoint_validator.h"
 #include "src/state/sharded_commit.h"
 #include "src/util/elapsed.h"
 #include "tests/io/gated_file_system.h"

@@ -24,7 +24,7 @@
 #include "src/codec/codec.h"
 #include "src/format/format.h"
 #include "src/format/writer.h"
-#include "src/state/committed_steps.h"
+#include "src/state/checkpoint_validator.h"
 #include "tests/support/checkpoint_dir_test.h"
 #include "tests/support/checkpoint_files.h"
 #include "tests/support/files.h"
