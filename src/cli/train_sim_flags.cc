@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string_view>
 
+#include "src/engine/engine.h"
 #include "src/util/status_macros.h"
 
 namespace asyncckpt::cli {
@@ -244,8 +245,10 @@ Status CheckSaverKindFlags(const ParsedFlags& flags, TrainSimConfig& config) {
                                    config.saver_kind + "'");
   }
   ASSIGN_OR_RETURN(saver.staging_bytes, flags.get_bytes("staging_bytes"));
-  const uint64_t largest_chunk = LayoutOf(config.model, saver.chunk_bytes).largest_chunk();
-  if (saver.staging_bytes != 0 && saver.staging_bytes < largest_chunk) {
+  const StateLayout layout = LayoutOf(config.model, saver.chunk_bytes);
+  const uint64_t largest_chunk = layout.largest_chunk();
+  // The savers' own rule says whether the budget holds a chunk; the message names the flags.
+  if (!StagingBudget({layout.snapshot(), largest_chunk}, saver, SaveMode::kAsynchronous).ok()) {
     return BadValue(flags, "staging_bytes",
                     "0 (one snapshot) or at least one chunk in 4 KiB pages, here " +
                         std::to_string(largest_chunk) + " bytes (" +

@@ -193,21 +193,21 @@ class Checkpointer::Impl {
   }
 
  private:
-  // Points the engine at `registry`. The engine reads its registry only in Create and Submit, so
-  // the copy it borrows is replaced here, between submits; a new engine (waiting for the saves
-  // in flight) is needed only when staging must be pinned by another device or, sized from an
-  // earlier state (staging_bytes 0), is smaller than this one's would be.
+  // Points the engine at `registry`, whose plan is `plan`. The engine reads its registry only in
+  // Create and Submit, so the copy it borrows is replaced here, between submits; a new engine
+  // (waiting for the saves in flight) is needed only when staging must be pinned by another
+  // device or, sized from an earlier state (staging_bytes 0), is smaller than this one's would be.
   Status PrepareEngine(const TensorRegistry& registry, const SnapshotPlan& plan) {
-    const uint64_t wanted = std::max(core_->StagingBytesFor(plan), reserve_bytes_);
+    ASSIGN_OR_RETURN(const uint64_t budget, StagingBudget(plan.staging, core_->options(), mode_));
+    const uint64_t wanted = std::max(budget, reserve_bytes_);
     const bool fits = core_->has_engine() && StagingDevice(registry) == staging_device_ &&
                       wanted <= core_->staging_budget();
     registry_ = registry;
     if (fits) return Status::OK();
     staging_device_ = StagingDevice(registry);
-    // Sized from the plan at hand, so that the core need not plan the registry again.
     EngineOptions engine_options = core_->engine_options();
-    engine_options.staging_bytes = wanted;
-    return core_->CreateEngine(&registry_, engine_options);
+    engine_options.staging_budget = wanted;
+    return core_->CreateEngine(&registry_, plan, engine_options);
   }
 
   std::unique_ptr<SaverCore> core_;
