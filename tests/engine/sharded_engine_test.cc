@@ -30,6 +30,7 @@
 #include "src/codec/codec.h"
 #include "src/engine/engine.h"
 #include "src/format/format.h"
+#include "src/format/index_file.h"
 #include "src/state/checkpoint_validator.h"
 #include "src/state/sharded_commit.h"
 #include "src/util/elapsed.h"
