@@ -562,17 +562,14 @@ TEST_F(ShardedEngineTest, WorldSizeOneWritesAnUnshardedCheckpointAsBefore) {
 
 TEST_F(ShardedEngineTest, APartialShardInASingleProcessSaveIsRefusedByName) {
   RankState state(1, 1);  // holds rows 4..5 of w
-  CheckpointManager manager(posix_.get(), dir_, "model.ckpt", 0, 0, SystemClockSeconds);
-  auto engine =
-      CreateEngine(RankOptions(dir_, 0, 1), posix_.get(), &manager, &state.registry, nullptr);
-  ASSERT_TRUE(engine.ok()) << engine.status().ToString();
-  SubmitRequest request;
-  request.metadata.step = 1;
-  auto submitted = (*engine)->Submit(request);
-  ASSERT_FALSE(submitted.ok());
-  EXPECT_EQ(submitted.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(submitted.status().message().find("tensor 'b' is a shard"), std::string::npos)
-      << submitted.status().ToString();
+  // Refused by the plan every engine is created from and every save is made from, before an
+  // engine or a file exists.
+  const Result<SnapshotPlan> plan =
+      PlanSnapshot(state.registry, RankOptions(dir_, 0, 1), "model.ckpt-1");
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(plan.status().message().find("model.ckpt-1: tensor 'b' is a shard"), std::string::npos)
+      << plan.status().ToString();
   EXPECT_TRUE(fs::is_empty(dir_)) << "nothing written";
 }
 
