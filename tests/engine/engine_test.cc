@@ -570,6 +570,20 @@ TEST_F(EngineTest, CreateRejectsStagingBytesSmallerThanOneChunk) {
   EXPECT_EQ(no_fs.status().code(), StatusCode::kInvalidArgument);
 }
 
+TEST(StagingBudgetTest, OneRuleForEverySaver) {
+  const StagingNeed need{.snapshot_bytes = 512ull << 20, .largest_chunk_bytes = 4ull << 20};
+  SaverOptions options;
+  EXPECT_EQ(*StagingBudget(need, options, SaveMode::kAsynchronous), need.snapshot_bytes);
+  EXPECT_EQ(*StagingBudget(need, options, SaveMode::kSynchronous), kSynchronousStagingBytes);
+  EXPECT_EQ(*StagingBudget({8 << 20, 4 << 20}, options, SaveMode::kSynchronous), 8u << 20);
+  EXPECT_EQ(*StagingBudget({1ull << 30, 128 << 20}, options, SaveMode::kSynchronous), 128u << 20);
+  options.staging_bytes = 4ull << 20;  // set: the budget in both modes, if it holds a chunk
+  EXPECT_EQ(*StagingBudget(need, options, SaveMode::kSynchronous), 4u << 20);
+  options.staging_bytes = (4ull << 20) - 1;
+  EXPECT_EQ(StagingBudget(need, options, SaveMode::kAsynchronous).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST_F(EngineTest, ZeroBudgetMeansOneWholeSnapshot) {
   AddTensors();
   EngineOptions options = Options();
