@@ -215,26 +215,29 @@ CodecResult RunCodec(const Options& options, const std::string& codec,
     if (!added.ok()) Die(added.ToString());
   }
   EngineOptions engine_options;
-  engine_options.checkpoint_dir = dir;
-  engine_options.chunk_bytes = options.chunk_bytes;
-  engine_options.use_o_direct = true;  // the production path on a disk; the sink pretends
-  engine_options.background_threads = options.threads;
+  engine_options.saver.checkpoint_dir = dir;
+  engine_options.saver.chunk_bytes = options.chunk_bytes;
+  engine_options.saver.use_o_direct = true;  // the production path on a disk; the sink pretends
+  engine_options.saver.background_threads = options.threads;
   engine_options.adapt_level = false;
   engine_options.max_saves_in_flight = 1;
-  engine_options.queue_depth = options.queue_depth;
-  engine_options.num_data_files = options.files;
+  engine_options.saver.queue_depth = options.queue_depth;
+  engine_options.saver.num_data_files = options.files;
   const auto kind = ParseCompressionKind(codec);
   if (!kind) Die("unknown codec " + codec);
-  engine_options.compression.kind = *kind;
-  engine_options.compression.level = options.level;
+  engine_options.saver.compression.kind = *kind;
+  engine_options.saver.compression.level = options.level;
   if (auto made = fs.create_dirs(dir); !made.ok()) Die(made.message());
-  CheckpointManager manager(&fs, dir, engine_options.basename, options.max_to_keep, 0,
+  CheckpointManager manager(&fs, dir, engine_options.saver.basename, options.max_to_keep, 0,
                             SystemClockSeconds);
   if (auto started = manager.Start(); !started.ok()) Die(started.status().ToString());
+  const Result<SnapshotPlan> planned = PlanSnapshot(registry, engine_options, "engine_ceiling");
+  if (!planned.ok()) Die(planned.status().ToString());
+  const SnapshotPlan& plan = *planned;
   std::mutex mu;
   std::vector<SaveStats> done;
   auto engine =
-      Engine::Create(engine_options, &fs, &manager, &registry, [&](const SaveStats& stats) {
+      Engine::Create(engine_options, plan, &fs, &manager, &registry, [&](const SaveStats& stats) {
         std::lock_guard lock(mu);
         done.push_back(stats);
       });

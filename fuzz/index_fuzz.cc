@@ -13,6 +13,7 @@
 
 #include "fuzz/fuzz_support.h"
 #include "src/format/format.h"
+#include "src/format/index_file.h"
 
 namespace asyncckpt::fuzz {
 namespace {

@@ -10,13 +10,13 @@
 #include <cerrno>
 #include <utility>
 
+#include "asyncckpt/limits.h"
 #include "io/posix_file_system.h"
 #include "io/thread_pool_io_queue.h"
 
 namespace asyncckpt::io {
 namespace {
 
-constexpr unsigned kMaxQueueDepth = 4096;
 // The user_data of the eventfd read; slots are below depth, so it cannot clash.
 constexpr uint64_t kWakeTag = ~uint64_t{0};
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "asyncckpt/reader.h"
-#include "asyncckpt/saver_hook.h"
 #include "asyncckpt/saver_options.h"
+#include "asyncckpt/saver_types.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/tensor.h"
 

@@ -6,7 +6,8 @@
 // null picks the default backend, anything else is borrowed, so a user can wrap the default
 // (FileSystemWrapper) to count, throttle or inject faults.
 //
-// The backends live in io/ and include only this header, the standard library and liburing:
+// The backends live in io/ and include only this header (and the limits it includes), the
+// standard library and liburing:
 // failures are reported with IoStatus (an errno and a message naming the operation and the
 // path), which the library turns into an asyncckpt::Status in one place.
 
@@ -19,6 +20,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "asyncckpt/limits.h"
 
 namespace asyncckpt::io {
 
@@ -167,7 +170,7 @@ inline constexpr unsigned kMaxPoolQueueThreads = 16;
 /// Options of an IoQueue.
 struct IoQueueOptions {
   /// Most requests in flight at once; requests beyond it wait in the queue, in order.
-  unsigned depth = 64;
+  unsigned depth = kDefaultQueueDepth;
   /// Called once per request, on one of the queue's own threads (never the submitter's),
   /// possibly concurrently for different requests. It may submit more requests; it must not
   /// call drain() or destroy the queue, and should return quickly: while it runs, that thread

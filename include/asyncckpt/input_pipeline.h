@@ -17,7 +17,6 @@
 #include "asyncckpt/dtype.h"
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/hooks.h"
-#include "asyncckpt/saver_hook.h"
 #include "asyncckpt/saver_options.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/tensor.h"
@@ -104,7 +103,8 @@ struct InputPipelineOptions {
   /// InputCheckpointBasename(), paired_input_basename is unused (model_basename pairs), each
   /// checkpoint has one data file, one background thread writes it at high priority, and no
   /// save is ever skipped (on_busy is ignored). staging_bytes 0 sizes staging from the
-  /// iterator's max_state_bytes() (or twice the first snapshot when the iterator cannot tell).
+  /// iterator's max_state_bytes() (or twice the first snapshot when the iterator cannot tell);
+  /// set, it is the budget, as for every saver.
   /// A coordinator of several processes names the workers (num_workers and task_id default to
   /// its size and rank; set, they must match it) and, under save_secs, lets rank 0's clock
   /// decide when every worker saves (a collective after every step), so that every worker's

@@ -14,11 +14,13 @@ namespace asyncckpt {
 /// O_DIRECT, of its data file, so smaller chunks would each be padded to 4 KiB and multiply the
 /// checkpoint's size.
 inline constexpr uint64_t kMinChunkBytes = 4096;
-/// Largest chunk_bytes: the format's largest chunk.
+/// Largest chunk_bytes, and the format's largest raw chunk (src/format/format.h): it bounds what a
+/// reader allocates to decode one chunk.
 inline constexpr uint64_t kMaxChunkBytes = 1ull << 30;
 /// Largest num_data_files.
 inline constexpr uint32_t kMaxNumDataFiles = 4096;
-/// Largest queue_depth (SaverOptions and ReaderOptions).
+/// Largest queue_depth (SaverOptions and ReaderOptions), and the most an io_uring IoQueue keeps in
+/// flight (a deeper one asked for is capped to it).
 inline constexpr unsigned kMaxQueueDepth = 4096;
 /// Largest background_threads.
 inline constexpr unsigned kMaxBackgroundThreads = 1024;

@@ -10,7 +10,7 @@
 #include "asyncckpt/hooks.h"
 #include "asyncckpt/saver_hook.h"
 #include "asyncckpt/tensor.h"
-#include "src/saver/saver_common.h"
+#include "src/saver/save_schedule.h"
 
 namespace asyncckpt::cli {
 

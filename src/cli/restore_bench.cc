@@ -42,7 +42,7 @@ struct Repeat {
 };
 
 struct BenchFlags {
-  unsigned queue_depth = 32;
+  unsigned queue_depth = kDefaultQueueDepth;
   bool o_direct = true;
   int64_t repeat = 1;
   bool drop_cache = false;

@@ -14,7 +14,7 @@
 #include "asyncckpt/reader.h"
 #include "asyncckpt/state.h"
 #include "src/format/format.h"
-#include "src/saver/saver_common.h"
+#include "src/saver/saver_storage.h"
 #include "src/state/checkpoint_names.h"
 #include "src/state/state_file.h"
 #include "src/util/status_macros.h"

@@ -9,10 +9,13 @@
 #include <cstdint>
 #include <string_view>
 
+#include "src/engine/engine.h"
 #include "src/util/status_macros.h"
 
 namespace asyncckpt::cli {
 
+// Defaults that the library has are read from it (SaverOptions, CompressionOptions,
+// RecordDatasetOptions, kDefaultQueueDepth), so that each is written once.
 const std::vector<FlagSpec>& TrainSimFlags() {
   static const std::vector<FlagSpec> specs = {
       {"steps", "200", "total global steps (a resumed run stops at the same step)"},
@@ -25,12 +28,15 @@ const std::vector<FlagSpec>& TrainSimFlags() {
       {"save_steps", "", "save every N steps (default 50 when --save_secs is not given)"},
       {"save_secs", "", "save every N seconds"},
       {"checkpoint_dir", "", "where checkpoints go (default: a new directory under $TMPDIR)"},
-      {"max_to_keep", "5", "newest checkpoints kept; 0 keeps all"},
+      {"max_to_keep", std::to_string(SaverOptions{}.max_to_keep),
+       "newest checkpoints kept; 0 keeps all"},
       {"keep_checkpoint_every_n_hours", "0", "also keep one checkpoint every N hours"},
-      {"compression", "shuffle+zstd", "none, zstd or shuffle+zstd"},
-      {"compression_level", "1", "zstd level"},
+      {"compression", std::string(CompressionKindName(CompressionOptions{}.kind)),
+       "none, zstd or shuffle+zstd"},
+      {"compression_level", std::to_string(CompressionOptions{}.level), "zstd level"},
       {"chunk_bytes", "4MiB", "chunk size, 4KiB to 1GiB"},
-      {"num_data_files", "2", "data files per checkpoint"},
+      {"num_data_files", std::to_string(SaverOptions{}.num_data_files),
+       "data files per checkpoint"},
       {"saver", "async",
        "async (background flow graph), sync (saves on the training thread), naive (write + "
        "fsync of one file per tensor on the training thread: the numpy.save baseline) or none "
@@ -42,7 +48,8 @@ const std::vector<FlagSpec>& TrainSimFlags() {
       {"on_error", "stop", "async: stop or continue when a background save (model or input) fails"},
       {"background_threads", "0", "async: threads of the background arena (0 = all cores)"},
       {"io", "auto", "I/O backend: auto (io_uring when available), uring or posix"},
-      {"queue_depth", "64", "most I/O requests in flight (SaverOptions::queue_depth)"},
+      {"queue_depth", std::to_string(kDefaultQueueDepth),
+       "most I/O requests in flight (SaverOptions::queue_depth)"},
       {"o_direct", "true",
        "true: write data files with O_DIRECT where the file system allows; false: buffered"},
       {"seed", "42", "seed of the initial state and the synthetic gradients"},
@@ -51,8 +58,10 @@ const std::vector<FlagSpec>& TrainSimFlags() {
       {"dataset_records", "4096", "records in a generated dataset"},
       {"record_bytes", "64", "bytes per record in a generated dataset"},
       {"batch_size", "32", "records consumed per step"},
-      {"shuffle_buffer", "1024", "records in the input's shuffle buffer"},
-      {"prefetch", "64", "records read ahead by the input's prefetch thread"},
+      {"shuffle_buffer", std::to_string(RecordDatasetOptions{}.shuffle_buffer),
+       "records in the input's shuffle buffer"},
+      {"prefetch", std::to_string(RecordDatasetOptions{}.prefetch),
+       "records read ahead by the input's prefetch thread"},
       {"epochs", "-1", "passes over the dataset (-1 repeats forever); the job ends with the data"},
       {"allow_fresh_start", "",
        "start from step 0 when checkpoint_dir holds checkpoints but no model and input "
@@ -243,8 +252,10 @@ Status CheckSaverKindFlags(const ParsedFlags& flags, TrainSimConfig& config) {
                                    config.saver_kind + "'");
   }
   ASSIGN_OR_RETURN(saver.staging_bytes, flags.get_bytes("staging_bytes"));
-  const uint64_t largest_chunk = LayoutOf(config.model, saver.chunk_bytes).largest_chunk();
-  if (saver.staging_bytes != 0 && saver.staging_bytes < largest_chunk) {
+  const StateLayout layout = LayoutOf(config.model, saver.chunk_bytes);
+  const uint64_t largest_chunk = layout.largest_chunk();
+  // The savers' own rule says whether the budget holds a chunk; the message names the flags.
+  if (!StagingBudget({layout.snapshot(), largest_chunk}, saver, SaveMode::kAsynchronous).ok()) {
     return BadValue(flags, "staging_bytes",
                     "0 (one snapshot) or at least one chunk in 4 KiB pages, here " +
                         std::to_string(largest_chunk) + " bytes (" +

@@ -13,6 +13,7 @@
 
 #include "asyncckpt/input_pipeline.h"
 #include "src/cli/memory_budget.h"
+#include "src/engine/engine.h"
 
 namespace asyncckpt::cli {
 
@@ -68,13 +69,15 @@ std::string MemoryHint(const TrainSimConfig& config, const StateLayout& layout, 
   return "";
 }
 
-// The saver's pinned staging, as the saver core sizes it (SaverCore::StagingBytesFor).
+// The saver's pinned staging, by the savers' own rule (StagingBudget).
 uint64_t PlannedStaging(const TrainSimConfig& config, const StateLayout& layout) {
   if (config.saver_kind != "async" && config.saver_kind != "sync") return 0;
-  if (config.saver.staging_bytes != 0) return config.saver.staging_bytes;
-  if (config.saver_kind == "async") return layout.snapshot();
-  return std::min(layout.snapshot(),
-                  std::max<uint64_t>(kSynchronousStagingBytes, layout.largest_chunk()));
+  const SaveMode mode =
+      config.saver_kind == "async" ? SaveMode::kAsynchronous : SaveMode::kSynchronous;
+  const Result<uint64_t> budget =
+      StagingBudget(StagingNeed{layout.snapshot(), layout.largest_chunk()}, config.saver, mode);
+  // The flags held staging_bytes to one chunk already (ConfigFromFlags).
+  return budget.ok() ? *budget : config.saver.staging_bytes;
 }
 
 // The parts of the plan, each naming the flags that size it: the state, one snapshot of staging

@@ -35,13 +35,12 @@ Status ValidateSharding(const EngineOptions& options) {
   }
   if (sharding.world_size == 1) return Status::OK();
   RETURN_IF_ERROR(ValidateJobToken(sharding.job_token));
-  if (!(sharding.timeout_seconds > 0)) {
-    return Status::InvalidArgument("sharding.timeout_seconds must be positive, got " +
-                                   std::to_string(sharding.timeout_seconds));
-  }
-  const uint64_t files = uint64_t{options.num_data_files} * sharding.world_size;
-  if (options.num_data_files == 0 || files > format::kMaxDataFiles) {
-    return Status::InvalidArgument("num_data_files " + std::to_string(options.num_data_files) +
+  // The saver's options are checked alone where they enter the library; the world they are
+  // multiplied by is the engine's own.
+  const uint32_t per_rank = options.saver.num_data_files;
+  const uint64_t files = uint64_t{per_rank} * sharding.world_size;
+  if (per_rank == 0 || files > format::kMaxDataFiles) {
+    return Status::InvalidArgument("num_data_files " + std::to_string(per_rank) +
                                    " times world_size " + std::to_string(sharding.world_size) +
                                    " must be 1 to " + std::to_string(format::kMaxDataFiles) +
                                    " data files");
@@ -84,17 +83,8 @@ class Engine::Impl {
   Status Start(CheckpointManager* manager, DoneFn on_done, unsigned threads) {
     RETURN_IF_ERROR(pool_.Prepare());
     RegisterStaging();
-    GraphOptions graph_options{.checkpoint_dir = options_.checkpoint_dir,
-                               .compression = options_.compression,
-                               .adapt_level = options_.adapt_level,
-                               .queue_depth = options_.queue_depth,
-                               .threads = threads,
-                               .high_priority = options_.high_priority,
-                               .staging = &pool_,
-                               .rank = options_.sharding.rank,
-                               .world_size = options_.sharding.world_size,
-                               .shard_timeout_seconds = options_.sharding.timeout_seconds};
-    ASSIGN_OR_RETURN(graph_, SaveGraph::Create(graph_options, fs_, manager, std::move(on_done)));
+    ASSIGN_OR_RETURN(
+        graph_, SaveGraph::Create(options_, threads, &pool_, fs_, manager, std::move(on_done)));
     return Status::OK();
   }
 
@@ -116,7 +106,7 @@ class Engine::Impl {
   bool sharded() const { return options_.sharding.world_size > 1; }
   void SetTempDir(SaveJob& save, std::string name) const {
     save.tmp_name = std::move(name);
-    save.tmp_path = JoinCheckpointPath(options_.checkpoint_dir, save.tmp_name);
+    save.tmp_path = JoinCheckpointPath(options_.saver.checkpoint_dir, save.tmp_name);
   }
   std::string SharedTempDir(int64_t step, const std::string& final_name);
 
@@ -162,10 +152,10 @@ std::string Engine::Impl::SharedTempDir(int64_t step, const std::string& final_n
 SavePtr Engine::Impl::NewSave(const CheckpointMetadata& metadata, SnapshotPlan plan) {
   auto save = std::make_shared<SaveJob>();
   save->metadata = metadata;
-  save->final_name = format::CheckpointDirName(options_.basename, metadata.step);
+  save->final_name = format::CheckpointDirName(options_.saver.basename, metadata.step);
   // Sharded: named by Submit once the save is certain (SharedTempDir).
   if (!sharded()) SetTempDir(*save, TempDirName(save->final_name));
-  save->SetLevel(options_.compression.level);
+  save->SetLevel(options_.saver.compression.level);
   save->tensors = std::move(plan.tensors);
   save->jobs = std::move(plan.jobs);
   save->entries.resize(save->jobs.size());
@@ -192,14 +182,14 @@ Status Engine::Impl::OpenFiles(SaveJob& save) {
                         type == io::EntryType::kDirectory;
     if (!shared) return ToStatus(made);
   }
-  const uint32_t count = options_.num_data_files;
+  const uint32_t count = options_.saver.num_data_files;
   // Rank r writes data files r * F .. r * F + F - 1 of world_size * F.
   const uint32_t first = options_.sharding.rank * count;
   const uint32_t total = options_.sharding.world_size * count;
   bool direct = false;
   for (uint32_t i = 0; i < count; ++i) {
     io::OpenOptions open_options{
-        .write = true, .create = true, .truncate = true, .direct = options_.use_o_direct};
+        .write = true, .create = true, .truncate = true, .direct = options_.saver.use_o_direct};
     std::unique_ptr<io::File> file;
     RETURN_IF_ERROR(ToStatus(fs_->open(save.tmp_path + "/" + format::DataFileName(first + i, total),
                                        open_options, &file)));
@@ -221,7 +211,7 @@ Status Engine::Impl::OpenFiles(SaveJob& save) {
 // trims the file to what was written.
 Status Engine::Impl::Preallocate(SaveJob& save, uint64_t alignment) {
   save.allocated.assign(save.files.size(), 0);
-  const bool exact = options_.compression.kind == CompressionKind::kNone;
+  const bool exact = options_.saver.compression.kind == CompressionKind::kNone;
   std::vector<format::PlannedChunk> chunks;
   chunks.reserve(save.jobs.size());
   for (const format::ChunkJob& job : save.jobs) chunks.push_back({job.file_index, job.length});
@@ -257,9 +247,11 @@ bool Engine::Impl::Busy(const SaveJob& save) const {
 
 Result<SubmitResult> Engine::Impl::Submit(SubmitRequest request) {
   const auto start = request.started.value_or(SteadyClock::now());
-  const std::string name = format::CheckpointDirName(options_.basename, request.metadata.step);
-  // Checked before anything is copied or written: a name or rank the index cannot hold would
-  // otherwise fail only at the commit, after every byte was written.
+  const std::string name =
+      format::CheckpointDirName(options_.saver.basename, request.metadata.step);
+  // Checked before anything is copied or written: a step, name or rank the index cannot hold
+  // would otherwise fail only at the commit, after every byte was written.
+  RETURN_IF_ERROR(ValidateCheckpointStep(request.metadata.step));
   RETURN_IF_ERROR(format::ValidateMetadata(request.metadata).WithContext(name));
   SnapshotPlan plan;
   if (request.plan) {
@@ -317,7 +309,9 @@ Result<SubmitResult> Engine::Impl::Submit(SubmitRequest request) {
     CopyWave(*save, wave);
     graph_->PutChunks(std::move(wave));
   }
-  if (options_.stream_ordered && !options_.defer_compute_wait) WaitForStreamOrderedCopies(*save);
+  if (options_.saver.cuda_stream_ordered && !options_.saver.cuda_defer_compute_wait) {
+    WaitForStreamOrderedCopies(*save);
+  }
   save->blocked_seconds = SecondsSince(start);
   const SubmitResult result{SubmitOutcome::kSubmitted, save->blocked_seconds};
   graph_->ReleaseHold(save);
@@ -394,9 +388,9 @@ std::vector<ChunkMsg*> Engine::Impl::EnqueueDeviceCopies(SaveJob& save,
 
 void Engine::Impl::CopyWave(SaveJob& save, std::vector<ChunkPtr>& wave) {
   if (save.failed) return;  // its chunks pass through the graph empty
-  const bool wait_here = !options_.stream_ordered;
+  const bool stream_ordered = options_.saver.cuda_stream_ordered;
   std::vector<ChunkMsg*> chunks;
-  if (options_.stream_ordered) {
+  if (stream_ordered) {
     chunks = EnqueueDeviceCopies(save, wave);
   } else {
     for (ChunkPtr& msg : wave) chunks.push_back(msg.get());
@@ -412,7 +406,7 @@ void Engine::Impl::CopyWave(SaveJob& save, std::vector<ChunkPtr>& wave) {
       auto fence = device->copy_to_host_async(src, msg.lease.data(), job.length);
       if (!fence.ok()) {
         save.Fail(fence.status().WithContext(ChunkContext(save, msg.job)));
-      } else if (wait_here) {
+      } else if (!stream_ordered) {
         Status done = (*fence)->wait();
         if (!done.ok()) save.Fail(done.WithContext(ChunkContext(save, msg.job)));
       } else {
@@ -422,42 +416,46 @@ void Engine::Impl::CopyWave(SaveJob& save, std::vector<ChunkPtr>& wave) {
   });
 }
 
-namespace {
-
-// Create sizes staging from a registry that only its saves check.
-SnapshotPlan Describe(const TensorRegistry& registry) {
+Result<SnapshotPlan> PlanSnapshot(const TensorRegistry& registry, const EngineOptions& options,
+                                  const std::string& context) {
   SnapshotPlan plan;
   plan.tensors.reserve(registry.size());
   for (const TensorRef& ref : registry.tensors()) {
     // The data pointer may be device memory: it is only checked for null, never read here.
     plan.tensors.push_back(format::HostTensor{ref.name, ref.dtype, ref.shape, ref.data, ref.bytes});
   }
-  return plan;
-}
-
-void CutIntoChunks(const EngineOptions& options, SnapshotPlan& plan) {
-  plan.jobs = format::PlanChunks(plan.tensors, options.chunk_bytes, options.num_data_files);
-  for (const format::ChunkJob& job : plan.jobs) {
-    const uint64_t staged = StagingPool::RoundUp(job.length);
-    plan.staging_bytes += staged;
-    plan.largest_chunk_bytes = std::max(plan.largest_chunk_bytes, staged);
-  }
-}
-
-}  // namespace
-
-Result<SnapshotPlan> PlanSnapshot(const TensorRegistry& registry, const EngineOptions& options,
-                                  const std::string& context) {
-  SnapshotPlan plan = Describe(registry);
   RETURN_IF_ERROR(format::ValidateTensors(plan.tensors).WithContext(context));
   if (options.sharding.world_size <= 1) {
     RETURN_IF_ERROR(CheckWholeTensors(registry).WithContext(context));
   }
-  CutIntoChunks(options, plan);
+  plan.jobs =
+      format::PlanChunks(plan.tensors, options.saver.chunk_bytes, options.saver.num_data_files);
+  for (const format::ChunkJob& job : plan.jobs) {
+    const uint64_t staged = StagingPool::RoundUp(job.length);
+    plan.staging.snapshot_bytes += staged;
+    plan.staging.largest_chunk_bytes = std::max(plan.staging.largest_chunk_bytes, staged);
+  }
   return plan;
 }
 
-Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, io::FileSystem* fs,
+Result<uint64_t> StagingBudget(const StagingNeed& need, const SaverOptions& options,
+                               SaveMode mode) {
+  if (options.staging_bytes != 0) {
+    if (options.staging_bytes < need.largest_chunk_bytes) {
+      return Status::InvalidArgument("staging_bytes " + std::to_string(options.staging_bytes) +
+                                     " is smaller than one chunk (" +
+                                     std::to_string(need.largest_chunk_bytes) +
+                                     " bytes); raise it or lower chunk_bytes");
+    }
+    return options.staging_bytes;
+  }
+  if (mode == SaveMode::kAsynchronous) return need.snapshot_bytes;
+  return std::min(need.snapshot_bytes,
+                  std::max<uint64_t>(kSynchronousStagingBytes, need.largest_chunk_bytes));
+}
+
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options,
+                                               const SnapshotPlan& plan, io::FileSystem* fs,
                                                CheckpointManager* manager,
                                                const TensorRegistry* registry, DoneFn on_done) {
   if (fs == nullptr || manager == nullptr || registry == nullptr) {
@@ -472,16 +470,12 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineOptions& options, io:
       break;
     }
   }
-  SnapshotPlan plan = Describe(*registry);
-  CutIntoChunks(options, plan);
-  const uint64_t budget = options.staging_bytes == 0 ? plan.staging_bytes : options.staging_bytes;
-  if (budget < plan.largest_chunk_bytes) {
-    return Status::InvalidArgument(
-        "staging_bytes " + std::to_string(options.staging_bytes) + " is smaller than one chunk (" +
-        std::to_string(plan.largest_chunk_bytes) + " bytes); raise it or lower chunk_bytes");
+  uint64_t budget = options.staging_budget;
+  if (budget == 0) {
+    ASSIGN_OR_RETURN(budget, StagingBudget(plan.staging, options.saver, SaveMode::kAsynchronous));
   }
-  const unsigned threads = options.background_threads != 0
-                               ? options.background_threads
+  const unsigned threads = options.saver.background_threads != 0
+                               ? options.saver.background_threads
                                : std::max(1u, std::thread::hardware_concurrency());
   auto impl =
       std::make_unique<Impl>(options, fs, registry, std::move(staging_device), budget, threads);

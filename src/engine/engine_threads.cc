@@ -6,8 +6,6 @@
 
 #include <algorithm>
 
-#include "src/engine/graph.h"
-
 namespace asyncckpt {
 
 CommitThread::CommitThread(std::function<void(const SavePtr&)> commit)

@@ -17,6 +17,8 @@
 
 namespace asyncckpt {
 
+/// The name of every engine's commit thread (as pthread_getname_np reports it).
+inline constexpr char kCommitThreadName[] = "ckpt-commit";
 /// The name of the thread that works in the graph's arena (as pthread_getname_np reports it).
 inline constexpr char kPumpThreadName[] = "ckpt-pump";
 /// The name of the thread that removes what retention renamed out of the committed namespace.

@@ -53,14 +53,17 @@ struct WriteRequest {
 
 class SaveGraph::Impl {
  public:
-  Impl(const GraphOptions& options, io::FileSystem* fs, CheckpointManager* manager, DoneFn on_done)
+  Impl(const EngineOptions& options, unsigned threads, StagingPool* staging, io::FileSystem* fs,
+       CheckpointManager* manager, DoneFn on_done)
       : options_(options),
+        threads_(threads),
+        staging_(staging),
         fs_(fs),
         manager_(manager),
         on_done_(std::move(on_done)),
         // One slot is the pump's: the graph always has a thread of its own, however busy the
         // training job keeps oneTBB's workers.
-        arena_(ArenaSlots(options.threads), 1,
+        arena_(ArenaSlots(threads), 1,
                options.high_priority ? tbb::task_arena::priority::high
                                      : tbb::task_arena::priority::normal) {}
 
@@ -83,7 +86,7 @@ class SaveGraph::Impl {
 
   Status Start() {
     io::IoQueueOptions queue_options;
-    queue_options.depth = std::max(1u, options_.queue_depth);
+    queue_options.depth = options_.saver.queue_depth;
     queue_options.on_complete = [this](uint64_t tag, io::IoStatus status) {
       Completed(tag, std::move(status));
     };
@@ -155,21 +158,21 @@ class SaveGraph::Impl {
   void Settle(const SavePtr& save, size_t done);
   // A packed chunk's staging pages move to its save's open pack.
   void ChargeOpen(SaveJob& save, uint64_t pages) {
-    options_.staging->charge(pages, &save.open_pack_charge);
+    staging_->charge(pages, &save.open_pack_charge);
   }
   // An open pack closed: its charge stays until it is written, now also for its own save.
   void CloseCharge(SaveJob& save, uint64_t pages) {
-    options_.staging->settle_open(pages, &save.open_pack_charge);
+    staging_->settle_open(pages, &save.open_pack_charge);
   }
   void OpenPack(SaveJob& save, PackBuffer& pack);
   // A pack written, or dropped with its failed save.
-  void Uncharge(uint64_t pages) { options_.staging->uncharge(pages); }
+  void Uncharge(uint64_t pages) { staging_->uncharge(pages); }
   // A failed save's open packs are never written.
   void DropOpenCharges(SaveJob& save) {
     uint64_t open = 0;
     for (uint64_t& charge : save.pack_charges) open += std::exchange(charge, 0);
-    options_.staging->settle_open(open, &save.open_pack_charge);
-    options_.staging->uncharge(open);
+    staging_->settle_open(open, &save.open_pack_charge);
+    staging_->uncharge(open);
   }
   void Commit(const SavePtr& save);
   bool CommitFiles(SaveJob& save);
@@ -177,7 +180,7 @@ class SaveGraph::Impl {
   Result<std::vector<uint8_t>> EncodePart(const SaveJob& save) const;
   Result<std::vector<uint8_t>> MergeParts(const std::string& final_name,
                                           const std::vector<std::vector<uint8_t>>& parts) const;
-  bool sharded() const { return options_.world_size > 1; }
+  bool sharded() const { return options_.sharding.world_size > 1; }
   void Report(const SaveJob& save, bool committed);
 
   // Messages from outside the arena enter through enqueued tasks rather than arena_.execute:
@@ -194,7 +197,9 @@ class SaveGraph::Impl {
     });
   }
 
-  const GraphOptions options_;
+  const EngineOptions& options_;  // the engine's, which outlives the graph
+  const unsigned threads_;
+  StagingPool* const staging_;
   io::FileSystem* const fs_;
   CheckpointManager* const manager_;
   const DoneFn on_done_;
@@ -258,14 +263,14 @@ ChunkPtr SaveGraph::Impl::Encode(ChunkPtr msg) {
       if (!copied.ok()) return save.Fail(copied.WithContext(ChunkContext(save, msg->job)));
     }
     if (save.failed) return;
-    if (options_.compression.kind != CompressionKind::kNone && options_.adapt_level) {
+    if (options_.saver.compression.kind != CompressionKind::kNone && options_.adapt_level) {
       // Encoders are the bottleneck when the writers have nothing to do while chunks queue up
       // for encoding: then a cheaper level (and at last raw) finishes the save sooner.
-      const int64_t backlog = 2 * static_cast<int64_t>(options_.threads);
-      save.MaybeLowerLevel(2 * options_.threads,
+      const int64_t backlog = 2 * static_cast<int64_t>(threads_);
+      save.MaybeLowerLevel(2 * threads_,
                            pending_write_.load() == 0 && pending_encode_.load() > backlog);
     }
-    const CompressionOptions compression = save.Compression(options_.compression);
+    const CompressionOptions compression = save.Compression(options_.saver.compression);
     const auto& job = save.jobs[msg->job];
     const size_t elem = DTypeSize(save.tensors[job.tensor].dtype);
     std::span<const uint8_t> raw(msg->lease.data(), job.length);
@@ -347,10 +352,10 @@ ChunkPtr SaveGraph::Impl::Place(ChunkPtr msg) {
 void SaveGraph::Impl::OpenPack(SaveJob& save, PackBuffer& pack) {
   uint64_t open = 1;
   for (const PackBuffer& other : save.packs) open += other.staged.data() != nullptr ? 1 : 0;
-  const uint64_t budget = options_.staging->budget();
+  const uint64_t budget = staging_->budget();
   const uint64_t taken = open * format::kPackBytes;
   if (taken < budget && (budget - taken) / (open + 1) >= save.max_job_pages) {
-    pack.staged = options_.staging->take_charged(format::kPackBytes);
+    pack.staged = staging_->take_charged(format::kPackBytes);
   }
   if (pack.data() == nullptr) pack.heap = buffers_.get(format::kPackBytes);
 }
@@ -448,7 +453,7 @@ void SaveGraph::Impl::Commit(const SavePtr& save) {
     save->files.clear();
     // The shared temporary directory holds the other ranks' files and this save's abort or
     // failed-<rank>, which they read: it stays until the next start.
-    if (!sharded()) RemoveFailedSave(*fs_, options_.checkpoint_dir, save->tmp_name);
+    if (!sharded()) RemoveFailedSave(*fs_, options_.saver.checkpoint_dir, save->tmp_name);
   }
   Report(*save, committed);
   // Reported durable first: retention only renamed what it dropped (the crash-safe step).
@@ -465,7 +470,7 @@ bool SaveGraph::Impl::CommitFiles(SaveJob& save) {
     return false;
   }
   const std::vector<uint8_t> index_bytes = format::EncodeIndex(*index);
-  CommitRequest request{.checkpoint_dir = options_.checkpoint_dir,
+  CommitRequest request{.checkpoint_dir = options_.saver.checkpoint_dir,
                         .tmp_name = save.tmp_name,
                         .final_name = save.final_name,
                         .data_files = {},
@@ -489,14 +494,15 @@ Result<std::vector<uint8_t>> SaveGraph::Impl::EncodePart(const SaveJob& save) co
   ASSIGN_OR_RETURN(format::Index part, format::AssembleIndex(save.tensors, save.metadata, files,
                                                              save.jobs, save.entries));
   part.sharded = true;
-  part.world_size = options_.world_size;
-  part.num_data_files = files * options_.world_size;
+  part.world_size = options_.sharding.world_size;
+  part.num_data_files = files * options_.sharding.world_size;
   for (size_t t = 0; t < part.tensors.size(); ++t) {
     format::TensorEntry& entry = part.tensors[t];
     entry.global_shape = save.global_shapes[t];
     entry.box_offset = save.box_offsets[t];
-    entry.writer_rank = options_.rank;
-    for (format::ChunkEntry& chunk : entry.chunks) chunk.file_index += options_.rank * files;
+    entry.writer_rank = options_.sharding.rank;
+    for (format::ChunkEntry& chunk : entry.chunks)
+      chunk.file_index += options_.sharding.rank * files;
   }
   return format::EncodeIndex(part);
 }
@@ -512,17 +518,17 @@ Result<std::vector<uint8_t>> SaveGraph::Impl::MergeParts(
     indexes.push_back(std::move(part));
   }
   ASSIGN_OR_RETURN(format::Index merged,
-                   format::MergeShardedParts(std::move(indexes), options_.world_size));
+                   format::MergeShardedParts(std::move(indexes), options_.sharding.world_size));
   return format::EncodeIndex(merged);
 }
 
 bool SaveGraph::Impl::CommitShardFiles(SaveJob& save) {
-  ShardCommitRequest request{.checkpoint_dir = options_.checkpoint_dir,
+  ShardCommitRequest request{.checkpoint_dir = options_.saver.checkpoint_dir,
                              .tmp_name = save.tmp_name,
                              .final_name = save.final_name,
-                             .rank = options_.rank,
-                             .world_size = options_.world_size,
-                             .timeout_seconds = options_.shard_timeout_seconds,
+                             .rank = options_.sharding.rank,
+                             .world_size = options_.sharding.world_size,
+                             .timeout_seconds = options_.saver.coordination_timeout_secs,
                              .data_files = {},
                              .part = {},
                              .wall_time = save.metadata.wall_time};
@@ -552,7 +558,7 @@ bool SaveGraph::Impl::CommitShardFiles(SaveJob& save) {
 
 void SaveGraph::Impl::Report(const SaveJob& save, bool committed) {
   SaveStats stats = save.Stats();
-  if (committed) stats.path = JoinCheckpointPath(options_.checkpoint_dir, save.final_name);
+  if (committed) stats.path = JoinCheckpointPath(options_.saver.checkpoint_dir, save.final_name);
   if (!on_done_) return;
   // A listener that throws must not take later saves down with it.
   try {
@@ -564,10 +570,10 @@ void SaveGraph::Impl::Report(const SaveJob& save, bool committed) {
   }
 }
 
-Result<std::unique_ptr<SaveGraph>> SaveGraph::Create(const GraphOptions& options,
-                                                     io::FileSystem* fs, CheckpointManager* manager,
-                                                     DoneFn on_done) {
-  auto impl = std::make_unique<Impl>(options, fs, manager, std::move(on_done));
+Result<std::unique_ptr<SaveGraph>> SaveGraph::Create(const EngineOptions& options, unsigned threads,
+                                                     StagingPool* staging, io::FileSystem* fs,
+                                                     CheckpointManager* manager, DoneFn on_done) {
+  auto impl = std::make_unique<Impl>(options, threads, staging, fs, manager, std::move(on_done));
   RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<SaveGraph>(new SaveGraph(std::move(impl)));
 }

@@ -18,42 +18,14 @@
 #include <string>
 #include <vector>
 
-#include "asyncckpt/compression.h"
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/save_stats.h"
 #include "asyncckpt/status.h"
+#include "src/engine/engine_options.h"
 #include "src/engine/save_job.h"
 #include "src/state/checkpoint_state.h"
 
 namespace asyncckpt {
-
-/// The name of every engine's commit thread (as pthread_getname_np reports it).
-inline constexpr char kCommitThreadName[] = "ckpt-commit";
-
-/// What the graph needs to know of the engine's options.
-struct GraphOptions {
-  /// Where checkpoints are committed.
-  std::string checkpoint_dir;
-  /// Codec and starting level.
-  CompressionOptions compression;
-  /// EngineOptions::adapt_level.
-  bool adapt_level = true;
-  /// Most writes in flight at once, over every file and save.
-  unsigned queue_depth = 64;
-  /// Background threads: the arena's workers, and the pace of the level heuristic.
-  unsigned threads = 1;
-  /// Run the graph's arena at high priority.
-  bool high_priority = false;
-  /// The staging of the saves (borrowed): packs are charged to it until written.
-  StagingPool* staging = nullptr;
-  /// Multi-process saves (world_size > 1): this process's rank; the commit runs the sharded
-  /// protocol (src/state/sharded_commit.h) instead of CommitCheckpoint.
-  uint32_t rank = 0;
-  /// Ranks writing each checkpoint; 1: not sharded.
-  uint32_t world_size = 1;
-  /// How long a sharded commit waits for the other ranks.
-  double shard_timeout_seconds = 300;
-};
 
 /// The graph. Saves enter through TakeFlightPlace, PutChunks and ReleaseHold, from one thread
 /// (Submit's); on_done is called from the commit thread, one save at a time, in the order their
@@ -64,9 +36,12 @@ class SaveGraph {
   /// it is logged and dropped.
   using DoneFn = std::function<void(const SaveStats&)>;
 
-  /// `fs` and `manager` are borrowed and must outlive the graph. IOError when the write queue
-  /// cannot be created.
-  static Result<std::unique_ptr<SaveGraph>> Create(const GraphOptions& options, io::FileSystem* fs,
+  /// `options` (the engine's), `staging` (the saves' pool: packs are charged to it until
+  /// written), `fs` and `manager` are borrowed and must outlive the graph. `threads`: the
+  /// arena's workers, and the pace of the level heuristic. IOError when the write queue cannot
+  /// be created.
+  static Result<std::unique_ptr<SaveGraph>> Create(const EngineOptions& options, unsigned threads,
+                                                   StagingPool* staging, io::FileSystem* fs,
                                                    CheckpointManager* manager, DoneFn on_done);
   /// Waits for every save, then stops the commit thread and the queue.
   ~SaveGraph();

@@ -1,6 +1,6 @@
 // The index of one checkpoint: names, encoding and decoding (the parser with its bounds), and the
-// check of chunks against their data files. The checks of a sharded index's slices and the merge
-// of its parts live in sharded_index.cc.
+// merge of a sharded index's parts. The parser runs the checks of a sharded index's slices
+// (sharded_index.h); the check of chunks against their data files is index_file.cc's.
 
 #include "src/format/format.h"
 
@@ -491,83 +491,67 @@ Result<Index> ParseIndexPart(std::span<const uint8_t> bytes, std::string_view pa
   return Parse(bytes, path, Want::kPart);
 }
 
-namespace {
-
-// Where one chunk's stored bytes lie, for finding chunks that share bytes.
-struct StoredRange {
-  uint64_t begin = 0;
-  uint64_t end = 0;  // past the last byte; begin < end (stored_bytes > 0 was checked)
-  uint64_t chunk = 0;
-  uint32_t file = 0;
-  uint32_t tensor = 0;
-};
-
-std::string ChunkName(const Index& index, const StoredRange& range) {
-  return "tensor " + QuoteName(index.tensors[range.tensor].name) + " chunk " +
-         std::to_string(range.chunk);
-}
-
-// Sorted by file and first byte, any overlap shows between neighbours: the earliest range that
-// overlaps a later one also overlaps the range right after it.
-Status CheckNoSharedBytes(const Index& index, const std::string& prefix) {
+Result<Index> MergeShardedParts(std::vector<Index> parts, uint32_t world_size) {
+  const std::string prefix =
+      "index merged from the parts of " + std::to_string(world_size) + " ranks: ";
+  if (world_size == 0 || parts.size() != world_size) {
+    return Status::InvalidArgument(prefix + "got " + std::to_string(parts.size()) +
+                                   " parts; need one per rank");
+  }
+  Index merged;
+  merged.sharded = true;
+  merged.world_size = world_size;
+  merged.metadata = parts[0].metadata;
+  merged.num_data_files = parts[0].num_data_files;
   size_t count = 0;
-  for (const TensorEntry& tensor : index.tensors) count += tensor.chunks.size();
-  std::vector<StoredRange> ranges;
-  ranges.reserve(count);
-  for (size_t t = 0; t < index.tensors.size(); ++t) {
-    const TensorEntry& tensor = index.tensors[t];
-    for (size_t i = 0; i < tensor.chunks.size(); ++i) {
-      const ChunkEntry& c = tensor.chunks[i];
-      ranges.push_back({c.file_offset, c.file_offset + c.stored_bytes, i, c.file_index,
-                        static_cast<uint32_t>(t)});
+  for (const Index& part : parts) count += part.tensors.size();
+  merged.tensors.reserve(count);
+  for (uint32_t r = 0; r < world_size; ++r) {
+    Index& part = parts[r];
+    const std::string what = "part of rank " + std::to_string(r);
+    if (!part.sharded || part.world_size != world_size) {
+      return Status::Corruption(prefix + "the " + what + " is " +
+                                (part.sharded ? "of world size " + std::to_string(part.world_size)
+                                              : std::string("not sharded")));
     }
-  }
-  std::sort(ranges.begin(), ranges.end(), [](const StoredRange& a, const StoredRange& b) {
-    return std::tie(a.file, a.begin) < std::tie(b.file, b.begin);
-  });
-  for (size_t k = 1; k < ranges.size(); ++k) {
-    const StoredRange& before = ranges[k - 1];
-    const StoredRange& after = ranges[k];
-    if (after.file != before.file || after.begin >= before.end) continue;
-    return Status::Corruption(prefix + ChunkName(index, before) + " and " +
-                              ChunkName(index, after) + " share stored bytes [" +
-                              std::to_string(after.begin) + ", " +
-                              std::to_string(std::min(before.end, after.end)) + ") of " +
-                              DataFileName(after.file, index.num_data_files) +
-                              "; every chunk must have bytes of its own");
-  }
-  return Status::OK();
-}
-
-}  // namespace
-
-Status CheckChunkLocations(const Index& index, std::string_view path,
-                           std::span<const uint64_t> data_file_sizes) {
-  const std::string prefix = "index " + std::string(path) + ": ";
-  if (data_file_sizes.size() != index.num_data_files) {
-    return Status::Corruption(prefix + "names " + std::to_string(index.num_data_files) +
-                              " data files, but " + std::to_string(data_file_sizes.size()) +
-                              " were found");
-  }
-  for (const TensorEntry& tensor : index.tensors) {
-    for (size_t i = 0; i < tensor.chunks.size(); ++i) {
-      const ChunkEntry& chunk = tensor.chunks[i];
-      if (chunk.file_index >= data_file_sizes.size()) {
-        return Status::Corruption(prefix + "tensor " + QuoteName(tensor.name) + " chunk " +
-                                  std::to_string(i) + " is in data file " +
-                                  std::to_string(chunk.file_index) + ", which does not exist");
+    if (part.metadata.step != merged.metadata.step) {
+      return Status::Corruption(prefix + "the " + what + " holds step " +
+                                std::to_string(part.metadata.step) + " but rank 0's holds step " +
+                                std::to_string(merged.metadata.step));
+    }
+    if (part.metadata.user != merged.metadata.user) {
+      return Status::Corruption(prefix + "the " + what + " has other user metadata than rank 0's");
+    }
+    if (part.num_data_files != merged.num_data_files) {
+      return Status::Corruption(prefix + "the " + what + " names " +
+                                std::to_string(part.num_data_files) + " data files but rank 0's " +
+                                std::to_string(merged.num_data_files));
+    }
+    for (TensorEntry& tensor : part.tensors) {
+      if (tensor.writer_rank != r) {
+        return Status::Corruption(prefix + "the " + what + " holds tensor " +
+                                  QuoteName(tensor.name) + " written by rank " +
+                                  std::to_string(tensor.writer_rank));
       }
-      const uint64_t size = data_file_sizes[chunk.file_index];
-      if (chunk.file_offset > size || chunk.stored_bytes > size - chunk.file_offset) {
+      if (tensor.global_shape.empty() && tensor.box_offset.empty()) {
+        tensor.global_shape = tensor.shape;
+        tensor.box_offset.assign(tensor.shape.size(), 0);
+      }
+      // The encoding has one rank per entry, so a mismatch must be caught before encoding.
+      if (tensor.global_shape.size() != tensor.shape.size() ||
+          tensor.box_offset.size() != tensor.shape.size()) {
         return Status::Corruption(
-            prefix + "tensor " + QuoteName(tensor.name) + " chunk " + std::to_string(i) +
-            " lies at bytes [" + std::to_string(chunk.file_offset) + ", +" +
-            std::to_string(chunk.stored_bytes) + ") of " +
-            DataFileName(chunk.file_index, index.num_data_files) + ", which holds only " +
-            std::to_string(size) + " bytes (truncated data file?)");
+            prefix + "the " + what + " holds tensor " + QuoteName(tensor.name) + " of shape rank " +
+            std::to_string(tensor.shape.size()) + " but global shape rank " +
+            std::to_string(tensor.global_shape.size()) + " and box offset rank " +
+            std::to_string(tensor.box_offset.size()));
       }
+      merged.tensors.push_back(std::move(tensor));
     }
   }
-  return CheckNoSharedBytes(index, prefix);
+  // Encoding and parsing again runs every check a reader will run on the written index.
+  const std::vector<uint8_t> bytes = EncodeIndex(merged);
+  return ParseIndex(bytes, "merged from the parts of " + std::to_string(world_size) + " ranks");
 }
+
 }  // namespace asyncckpt::format

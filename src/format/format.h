@@ -10,8 +10,10 @@
 //     data-00001-of-00002
 //
 // The index names every chunk (tensor, offset in the tensor, data file, offset in the file,
-// stored size, raw size, codec, XXH3-64 of the raw bytes) and checksums itself. Reading it from a
-// file system is src/format/index_file.h's LoadIndex.
+// stored size, raw size, codec, XXH3-64 of the raw bytes) and checksums itself. Its constants and
+// types are in src/format/index.h, which this header includes; the checks of a sharded index's
+// slices, which the parser runs, in src/format/sharded_index.h. Reading it from a file system,
+// and checking its chunks against the data files, is src/format/index_file.h.
 
 #include <cstddef>
 #include <cstdint>
@@ -21,42 +23,11 @@
 #include <utility>
 #include <vector>
 
-#include "asyncckpt/dtype.h"
 #include "asyncckpt/status.h"
-#include "asyncckpt/tensor.h"
 #include "src/codec/codec.h"
+#include "src/format/index.h"
 
 namespace asyncckpt::format {
-
-/// The index file's name inside a checkpoint directory.
-inline constexpr char kIndexFileName[] = "index";
-/// First 8 bytes of an index: "ACKPTIDX".
-inline constexpr uint64_t kIndexMagic = 0x58444954504B4341ULL;
-/// Last 8 bytes of an index: "ACKPTEND".
-inline constexpr uint64_t kIndexEndMagic = 0x444E4554504B4341ULL;
-/// The only format version this code reads and writes.
-inline constexpr uint32_t kFormatVersion = 1;
-/// Header bytes: magic u64, version u32, flags u32 (zero).
-inline constexpr size_t kIndexHeaderBytes = 16;
-/// Footer bytes: body length u64, XXH3-64 of everything before it u64, end magic u64.
-inline constexpr size_t kIndexFooterBytes = 24;
-/// Bytes of one chunk record in the body.
-inline constexpr size_t kChunkRecordBytes = 45;
-
-/// Longest tensor name.
-inline constexpr size_t kMaxNameBytes = 64 * 1024;
-/// Most dimensions of a tensor.
-inline constexpr size_t kMaxRank = 64;
-/// Most data files in one checkpoint.
-inline constexpr uint32_t kMaxDataFiles = 65536;
-/// Longest metadata key.
-inline constexpr size_t kMaxMetadataKeyBytes = 64 * 1024;
-/// Longest metadata value.
-inline constexpr size_t kMaxMetadataValueBytes = 1024 * 1024;
-/// Largest raw chunk; bounds what a reader allocates to decode one chunk.
-inline constexpr uint64_t kMaxChunkBytes = 1ULL << 30;
-/// Largest index a reader accepts.
-inline constexpr uint64_t kMaxIndexBytes = 1ULL << 30;
 
 /// Most raw bytes one stored byte of a zstd or shuffle+zstd chunk may claim (docs/format.md,
 /// "Decompression ratio"). A zstd block decodes to at most 128 KiB (Block_Maximum_Size) and costs
@@ -71,84 +42,6 @@ inline constexpr uint64_t kMaxZstdRatio = 32768;
 /// allows, and for a tensor only the sum over its chunks, whose stored bytes lie in the data files
 /// without overlap.
 uint64_t MaxRawBytes(codec::Codec codec, uint64_t stored_bytes);
-
-/// Where one chunk of a tensor lives and how it is stored.
-struct ChunkEntry {
-  /// First byte of the chunk within the tensor's raw bytes.
-  uint64_t tensor_offset = 0;
-  /// Which data file holds it (0-based).
-  uint32_t file_index = 0;
-  /// First byte of its stored bytes in that data file.
-  uint64_t file_offset = 0;
-  /// Bytes it takes in the data file.
-  uint64_t stored_bytes = 0;
-  /// Bytes it decodes to.
-  uint64_t raw_bytes = 0;
-  /// How the stored bytes encode the raw bytes.
-  codec::Codec codec = codec::Codec::kRaw;
-  /// XXH3-64 of the raw bytes.
-  uint64_t xxh3 = 0;
-
-  bool operator==(const ChunkEntry&) const = default;
-};
-
-/// One tensor: what it is and where its chunks are, in tensor order.
-struct TensorEntry {
-  /// Unique, non-empty name.
-  std::string name;
-  /// Element type.
-  DType dtype = DType::kF32;
-  /// Dimensions; empty for a scalar.
-  std::vector<int64_t> shape;
-  /// Raw size: elements × dtype size.
-  uint64_t bytes = 0;
-  /// Chunks covering [0, bytes) in order, without gaps or overlap (none when bytes is 0).
-  std::vector<ChunkEntry> chunks;
-  /// Sharded indexes only (kIndexFlagSharded): the global tensor's dimensions, as many as
-  /// `shape`; `shape` is then this slice's extent and `bytes` its raw size. Empty in an unsharded
-  /// index. In a sharded index an entry left empty here (and in box_offset) is a whole tensor:
-  /// EncodeIndex and MergeShardedParts write it as global_shape = shape, box_offset = zeros.
-  std::vector<int64_t> global_shape;
-  /// Sharded only: the slice's first index in each global dimension; the slice is the box
-  /// [box_offset, box_offset + shape).
-  std::vector<int64_t> box_offset;
-  /// Sharded only: the rank that wrote the slice (the lowest rank holding the box).
-  uint32_t writer_rank = 0;
-
-  bool operator==(const TensorEntry&) const = default;
-};
-
-/// An unsharded tensor's entry.
-inline TensorEntry WholeTensorEntry(std::string name, DType dtype, std::vector<int64_t> shape,
-                                    uint64_t bytes, std::vector<ChunkEntry> chunks) {
-  TensorEntry entry;
-  entry.name = std::move(name);
-  entry.dtype = dtype;
-  entry.shape = std::move(shape);
-  entry.bytes = bytes;
-  entry.chunks = std::move(chunks);
-  return entry;
-}
-
-/// Header flag of an index whose tensors are slices of global tensors, written by
-/// `world_size` processes: one TensorEntry per slice, several per name; together a name's slices
-/// tile its global shape without overlap. Readers that predate it refuse the index by its flags.
-inline constexpr uint32_t kIndexFlagSharded = 1;
-
-/// The whole index of one checkpoint.
-struct Index {
-  /// Step, wall time and user key/values.
-  CheckpointMetadata metadata;
-  /// Number of data files (data-00000-of-N ... data-(N-1)-of-N).
-  uint32_t num_data_files = 0;
-  /// Every tensor, in the order the writer listed them (sharded: every slice).
-  std::vector<TensorEntry> tensors;
-  /// Sharded (kIndexFlagSharded set) when the processes of a multi-process job wrote it.
-  bool sharded = false;
-  /// Sharded only: processes that wrote the checkpoint; data files rank r wrote are numbered
-  /// r * (num_data_files / world_size) onwards.
-  uint32_t world_size = 1;
-};
 
 /// "<basename>-<step>", the name of a committed checkpoint directory.
 std::string CheckpointDirName(std::string_view basename, int64_t step);
@@ -169,8 +62,7 @@ std::vector<uint8_t> EncodeIndex(const Index& index);
 Result<Index> ParseIndex(std::span<const uint8_t> bytes, std::string_view path);
 
 /// ParseIndex for one rank's part of a sharded index (`index.part-<rank>`): every check but
-/// the tiling, since a part holds only that rank's slices. Refuses an unsharded index. (This and
-/// MergeShardedParts are defined in sharded_index.cc.)
+/// the tiling, since a part holds only that rank's slices. Refuses an unsharded index.
 Result<Index> ParseIndexPart(std::span<const uint8_t> bytes, std::string_view path);
 
 /// The global index of a sharded checkpoint from the parts of its `world_size` ranks, `parts[r]`
@@ -180,13 +72,5 @@ Result<Index> ParseIndexPart(std::span<const uint8_t> bytes, std::string_view pa
 /// every check of ParseIndex (it is encoded and parsed again), tiling included. InvalidArgument
 /// when parts.size() != world_size; otherwise Corruption naming the part or the tensor and slice.
 Result<Index> MergeShardedParts(std::vector<Index> parts, uint32_t world_size);
-
-/// Checks that every chunk lies inside its data file, whose sizes are `data_file_sizes`
-/// (one per data file; a file may be longer than its last chunk), and that no two chunks share a
-/// stored byte (the writer never does; shared bytes would let a small file claim many times its
-/// size). Corruption naming `path`, the data file, the tensor and the chunk (both chunks for an
-/// overlap).
-Status CheckChunkLocations(const Index& index, std::string_view path,
-                           std::span<const uint64_t> data_file_sizes);
 
 }  // namespace asyncckpt::format

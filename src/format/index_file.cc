@@ -135,4 +135,84 @@ Result<Index> LoadIndexCheckingDataFiles(io::FileSystem& fs, const std::string& 
   return index;
 }
 
+namespace {
+
+// Where one chunk's stored bytes lie, for finding chunks that share bytes.
+struct StoredRange {
+  uint64_t begin = 0;
+  uint64_t end = 0;  // past the last byte; begin < end (stored_bytes > 0 was checked)
+  uint64_t chunk = 0;
+  uint32_t file = 0;
+  uint32_t tensor = 0;
+};
+
+std::string ChunkName(const Index& index, const StoredRange& range) {
+  return "tensor " + QuoteName(index.tensors[range.tensor].name) + " chunk " +
+         std::to_string(range.chunk);
+}
+
+// Sorted by file and first byte, any overlap shows between neighbours: the earliest range that
+// overlaps a later one also overlaps the range right after it.
+Status CheckNoSharedBytes(const Index& index, const std::string& prefix) {
+  size_t count = 0;
+  for (const TensorEntry& tensor : index.tensors) count += tensor.chunks.size();
+  std::vector<StoredRange> ranges;
+  ranges.reserve(count);
+  for (size_t t = 0; t < index.tensors.size(); ++t) {
+    const TensorEntry& tensor = index.tensors[t];
+    for (size_t i = 0; i < tensor.chunks.size(); ++i) {
+      const ChunkEntry& c = tensor.chunks[i];
+      ranges.push_back({c.file_offset, c.file_offset + c.stored_bytes, i, c.file_index,
+                        static_cast<uint32_t>(t)});
+    }
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const StoredRange& a, const StoredRange& b) {
+    return std::tie(a.file, a.begin) < std::tie(b.file, b.begin);
+  });
+  for (size_t k = 1; k < ranges.size(); ++k) {
+    const StoredRange& before = ranges[k - 1];
+    const StoredRange& after = ranges[k];
+    if (after.file != before.file || after.begin >= before.end) continue;
+    return Status::Corruption(prefix + ChunkName(index, before) + " and " +
+                              ChunkName(index, after) + " share stored bytes [" +
+                              std::to_string(after.begin) + ", " +
+                              std::to_string(std::min(before.end, after.end)) + ") of " +
+                              DataFileName(after.file, index.num_data_files) +
+                              "; every chunk must have bytes of its own");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status CheckChunkLocations(const Index& index, std::string_view path,
+                           std::span<const uint64_t> data_file_sizes) {
+  const std::string prefix = "index " + std::string(path) + ": ";
+  if (data_file_sizes.size() != index.num_data_files) {
+    return Status::Corruption(prefix + "names " + std::to_string(index.num_data_files) +
+                              " data files, but " + std::to_string(data_file_sizes.size()) +
+                              " were found");
+  }
+  for (const TensorEntry& tensor : index.tensors) {
+    for (size_t i = 0; i < tensor.chunks.size(); ++i) {
+      const ChunkEntry& chunk = tensor.chunks[i];
+      if (chunk.file_index >= data_file_sizes.size()) {
+        return Status::Corruption(prefix + "tensor " + QuoteName(tensor.name) + " chunk " +
+                                  std::to_string(i) + " is in data file " +
+                                  std::to_string(chunk.file_index) + ", which does not exist");
+      }
+      const uint64_t size = data_file_sizes[chunk.file_index];
+      if (chunk.file_offset > size || chunk.stored_bytes > size - chunk.file_offset) {
+        return Status::Corruption(
+            prefix + "tensor " + QuoteName(tensor.name) + " chunk " + std::to_string(i) +
+            " lies at bytes [" + std::to_string(chunk.file_offset) + ", +" +
+            std::to_string(chunk.stored_bytes) + ") of " +
+            DataFileName(chunk.file_index, index.num_data_files) + ", which holds only " +
+            std::to_string(size) + " bytes (truncated data file?)");
+      }
+    }
+  }
+  return CheckNoSharedBytes(index, prefix);
+}
+
 }  // namespace asyncckpt::format

@@ -4,7 +4,10 @@
 // and the savers' start-up validator share, and the check of a whole checkpoint's index against
 // the sizes of its data files.
 
+#include <cstdint>
+#include <span>
 #include <string>
+#include <string_view>
 
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/status.h"
@@ -27,5 +30,13 @@ Result<Index> LoadIndex(io::FileSystem& fs, const std::string& checkpoint_path);
 /// which are sized, never opened: a data file that is missing or not a regular file is
 /// Corruption naming it. The errors of LoadIndex otherwise.
 Result<Index> LoadIndexCheckingDataFiles(io::FileSystem& fs, const std::string& checkpoint_path);
+
+/// Checks that every chunk lies inside its data file, whose sizes are `data_file_sizes`
+/// (one per data file; a file may be longer than its last chunk), and that no two chunks share a
+/// stored byte (the writer never does; shared bytes would let a small file claim many times its
+/// size). Corruption naming `path`, the data file, the tensor and the chunk (both chunks for an
+/// overlap).
+Status CheckChunkLocations(const Index& index, std::string_view path,
+                           std::span<const uint64_t> data_file_sizes);
 
 }  // namespace asyncckpt::format

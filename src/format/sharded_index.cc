@@ -1,6 +1,5 @@
-// The checks of a sharded index's slices (each inside its global shape, written by its rank; the
-// slices of a name tiling the global shape) and the merge of the ranks' index parts into the
-// global index.
+// The checks of a sharded index's slices: each inside its global shape, written by its rank; the
+// slices of a name tiling the global shape.
 
 #include "src/format/sharded_index.h"
 
@@ -12,24 +11,6 @@
 #include <utility>
 
 namespace asyncckpt::format {
-
-std::string QuoteName(std::string_view name) {
-  constexpr size_t kMax = 80;
-  // Appended piece by piece: GCC 12 at -O3 takes "'" + std::string(...) for an overlapping
-  // memcpy (-Wrestrict, a false positive).
-  std::string quoted;
-  quoted.reserve(std::min(name.size(), kMax) + 32);
-  quoted.push_back('\'');
-  quoted.append(name.substr(0, kMax));
-  if (name.size() <= kMax) {
-    quoted.push_back('\'');
-    return quoted;
-  }
-  quoted.append("...' (");
-  quoted.append(std::to_string(name.size()));
-  quoted.append(" bytes)");
-  return quoted;
-}
 
 namespace {
 
@@ -293,69 +274,6 @@ Status CheckSlices(const Index& index, bool tiling, const std::string& prefix) {
     if (!status.ok()) return status;
   }
   return Status::OK();
-}
-
-Result<Index> MergeShardedParts(std::vector<Index> parts, uint32_t world_size) {
-  const std::string prefix =
-      "index merged from the parts of " + std::to_string(world_size) + " ranks: ";
-  if (world_size == 0 || parts.size() != world_size) {
-    return Status::InvalidArgument(prefix + "got " + std::to_string(parts.size()) +
-                                   " parts; need one per rank");
-  }
-  Index merged;
-  merged.sharded = true;
-  merged.world_size = world_size;
-  merged.metadata = parts[0].metadata;
-  merged.num_data_files = parts[0].num_data_files;
-  size_t count = 0;
-  for (const Index& part : parts) count += part.tensors.size();
-  merged.tensors.reserve(count);
-  for (uint32_t r = 0; r < world_size; ++r) {
-    Index& part = parts[r];
-    const std::string what = "part of rank " + std::to_string(r);
-    if (!part.sharded || part.world_size != world_size) {
-      return Status::Corruption(prefix + "the " + what + " is " +
-                                (part.sharded ? "of world size " + std::to_string(part.world_size)
-                                              : std::string("not sharded")));
-    }
-    if (part.metadata.step != merged.metadata.step) {
-      return Status::Corruption(prefix + "the " + what + " holds step " +
-                                std::to_string(part.metadata.step) + " but rank 0's holds step " +
-                                std::to_string(merged.metadata.step));
-    }
-    if (part.metadata.user != merged.metadata.user) {
-      return Status::Corruption(prefix + "the " + what + " has other user metadata than rank 0's");
-    }
-    if (part.num_data_files != merged.num_data_files) {
-      return Status::Corruption(prefix + "the " + what + " names " +
-                                std::to_string(part.num_data_files) + " data files but rank 0's " +
-                                std::to_string(merged.num_data_files));
-    }
-    for (TensorEntry& tensor : part.tensors) {
-      if (tensor.writer_rank != r) {
-        return Status::Corruption(prefix + "the " + what + " holds tensor " +
-                                  QuoteName(tensor.name) + " written by rank " +
-                                  std::to_string(tensor.writer_rank));
-      }
-      if (tensor.global_shape.empty() && tensor.box_offset.empty()) {
-        tensor.global_shape = tensor.shape;
-        tensor.box_offset.assign(tensor.shape.size(), 0);
-      }
-      // The encoding has one rank per entry, so a mismatch must be caught before encoding.
-      if (tensor.global_shape.size() != tensor.shape.size() ||
-          tensor.box_offset.size() != tensor.shape.size()) {
-        return Status::Corruption(
-            prefix + "the " + what + " holds tensor " + QuoteName(tensor.name) + " of shape rank " +
-            std::to_string(tensor.shape.size()) + " but global shape rank " +
-            std::to_string(tensor.global_shape.size()) + " and box offset rank " +
-            std::to_string(tensor.box_offset.size()));
-      }
-      merged.tensors.push_back(std::move(tensor));
-    }
-  }
-  // Encoding and parsing again runs every check a reader will run on the written index.
-  const std::vector<uint8_t> bytes = EncodeIndex(merged);
-  return ParseIndex(bytes, "merged from the parts of " + std::to_string(world_size) + " ranks");
 }
 
 }  // namespace asyncckpt::format

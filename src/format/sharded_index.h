@@ -1,19 +1,14 @@
 #pragma once
 
-// Inside the format unit: what the index parser (format.cc) and the checks of a sharded index
-// (sharded_index.cc) share. Everyone else includes src/format/format.h, which declares
-// ParseIndexPart and MergeShardedParts.
+// The checks of a sharded index's slices, which the index parser (format.cc) runs on every
+// sharded index and part it parses. Everyone else includes src/format/format.h.
 
 #include <string>
-#include <string_view>
 
 #include "asyncckpt/status.h"
-#include "src/format/format.h"
+#include "src/format/index.h"
 
 namespace asyncckpt::format {
-
-/// 'name' for a message, cut short so that a hostile 64 KiB name cannot flood a log.
-std::string QuoteName(std::string_view name);
 
 /// Checks every slice of a sharded index on its own (inside its global shape, written by a rank
 /// < world_size into that rank's data files), then every name's slices together (one dtype and

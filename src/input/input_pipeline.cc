@@ -13,6 +13,8 @@
 #include "asyncckpt/state.h"
 #include "src/format/format.h"
 #include "src/saver/saver_core.h"
+#include "src/saver/saver_storage.h"
+#include "src/staging/staging_pool.h"
 #include "src/util/io_status.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
@@ -104,6 +106,7 @@ SaverOptions InputSaverOptions(const InputPipelineOptions& options) {
   saver.basename = InputCheckpointBasename(options);
   saver.paired_input_basename.clear();
   saver.num_data_files = 1;
+  saver.background_threads = 1;
   saver.on_busy = OnBusy::kWait;
   saver.cuda_stream_ordered = false;
   saver.coordinator = nullptr;
@@ -220,8 +223,10 @@ class CheckpointInputPipelineHook::Impl {
     return other.empty() ? StartName() : format::CheckpointDirName(other, start_step_);
   }
 
-  std::string StartName() const {
-    return format::CheckpointDirName(core_->options().basename, start_step_);
+  std::string StartName() const { return StepName(start_step_); }
+
+  std::string StepName(int64_t step) const {
+    return format::CheckpointDirName(core_->options().basename, step);
   }
 
   Status Save(int64_t step) {
@@ -231,13 +236,16 @@ class CheckpointInputPipelineHook::Impl {
     state_.clear();
     RETURN_IF_ERROR(iterator_->save(&state_).WithContext("saving the input iterator"));
     ASSIGN_OR_RETURN(registry_, state_.as_registry());
-    RETURN_IF_ERROR(EnsureEngine());
+    ASSIGN_OR_RETURN(SnapshotPlan plan,
+                     PlanSnapshot(registry_, core_->engine_options(), StepName(step)));
+    RETURN_IF_ERROR(EnsureEngine(plan));
     CheckpointMetadata metadata{step,
                                 core_->options().clock(),
                                 {{"model_step", std::to_string(step)}, {"kind", "input_pipeline"}}};
     // Never skipped: the input's position must not be lost.
     CoreSaveRequest request;
     request.metadata = std::move(metadata);
+    request.plan = std::move(plan);
     return core_->Save(std::move(request)).status();
   }
 
@@ -279,25 +287,27 @@ class CheckpointInputPipelineHook::Impl {
     return Status::OK();
   }
 
-  Status EnsureEngine() {
+  // The engine, made at the first save from its plan. Its staging must hold every later state
+  // too: a bound on the state (the iterator's, else twice the first snapshot), with room for
+  // every entry's page rounding and for one more chunk, since without a bound a later state may
+  // outgrow the first snapshot and only a whole chunk_bytes is sure to hold each of its chunks.
+  Status EnsureEngine(const SnapshotPlan& plan) {
     if (core_->has_engine()) return Status::OK();
+    const uint64_t chunk_bytes = core_->options().chunk_bytes;
+    uint64_t bound = iterator_->max_state_bytes();
+    const bool bounded = bound != 0;
+    if (!bounded) bound = 2 * state_.total_bytes();
+    const StagingNeed need{
+        .snapshot_bytes = bound + (registry_.size() + 2) * StagingPool::kPageBytes +
+                          (bounded ? std::min<uint64_t>(chunk_bytes, bound) : chunk_bytes),
+        .largest_chunk_bytes = plan.staging.largest_chunk_bytes};
     EngineOptions engine_options = core_->engine_options();
-    engine_options.background_threads = 1;
+    ASSIGN_OR_RETURN(engine_options.staging_budget,
+                     StagingBudget(need, core_->options(), SaveMode::kAsynchronous));
     // Its saves are small: they must not wait behind the model's large ones for a worker, or a
     // crash finds the input's checkpoint of a step missing long after the model's committed.
     engine_options.high_priority = true;
-    const uint64_t chunk_bytes = core_->options().chunk_bytes;
-    uint64_t budget = core_->options().staging_bytes;
-    if (budget == 0) budget = iterator_->max_state_bytes();
-    const bool bounded = budget != 0;
-    if (!bounded) budget = 2 * state_.total_bytes();
-    // Room for every entry's page rounding and for the largest chunk: no chunk outgrows a bound
-    // on the state, but without one a later state may outgrow the first snapshot, and only a
-    // whole chunk_bytes is sure to hold each of its chunks (a chunk over the budget fails).
-    budget += (registry_.size() + 2) * 4096 +
-              (bounded ? std::min<uint64_t>(chunk_bytes, budget) : chunk_bytes);
-    engine_options.staging_bytes = budget;
-    return core_->CreateEngine(&registry_, engine_options);
+    return core_->CreateEngine(&registry_, plan, engine_options);
   }
 
   Status Restore(const std::string& path) {

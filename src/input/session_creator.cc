@@ -5,7 +5,6 @@
 
 #include <errno.h>
 
-#include <charconv>
 #include <optional>
 #include <set>
 #include <string_view>
@@ -15,6 +14,7 @@
 #include "asyncckpt/reader.h"
 #include "asyncckpt/state.h"
 #include "src/format/format.h"
+#include "src/state/checkpoint_names.h"
 #include "src/state/checkpoint_state.h"
 #include "src/util/io_status.h"
 #include "src/util/log.h"
@@ -22,22 +22,6 @@
 
 namespace asyncckpt {
 namespace {
-
-// The step of a committed checkpoint named "<basename>-<digits>"; nullopt for any other name
-// (temporaries, deletions in progress, other basenames, a user's own files).
-std::optional<int64_t> StepOf(std::string_view name, const std::string& basename) {
-  if (name.size() <= basename.size() + 1 || !name.starts_with(basename) ||
-      name[basename.size()] != '-') {
-    return std::nullopt;
-  }
-  const std::string_view digits = name.substr(basename.size() + 1);
-  int64_t step = 0;
-  auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), step);
-  if (error != std::errc() || end != digits.data() + digits.size() || step < 0) {
-    return std::nullopt;
-  }
-  return step;
-}
 
 // "model.ckpt-4, model.ckpt-5 and model.ckpt-7", shortened past a few names.
 std::string Describe(const std::string& basename, const std::set<int64_t>& steps) {
@@ -138,7 +122,7 @@ class CheckpointSessionCreator::Impl {
     RETURN_IF_ERROR(state.status().WithContext("finding the step to resume"));
     const std::string& latest = state->model_checkpoint_path;
     if (latest.empty()) return std::optional<int64_t>();
-    std::optional<int64_t> step = StepOf(latest, options_.model_basename);
+    std::optional<int64_t> step = CheckpointStep(latest, options_.model_basename);
     if (!step) {
       return Status::FailedPrecondition(
           JoinCheckpointPath(dir, kCheckpointStateFileName) + " names '" + latest +
@@ -242,9 +226,9 @@ class CheckpointSessionCreator::Impl {
           (paired() && IsQuarantinedCheckpoint(name, options_.input_basename))) {
         found.quarantined.push_back(name);
       }
-      if (auto step = StepOf(name, options_.model_basename)) found.model.insert(*step);
+      if (auto step = CheckpointStep(name, options_.model_basename)) found.model.insert(*step);
       if (paired()) {
-        if (auto step = StepOf(name, options_.input_basename)) found.input.insert(*step);
+        if (auto step = CheckpointStep(name, options_.input_basename)) found.input.insert(*step);
       }
     }
     return found;

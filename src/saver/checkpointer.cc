@@ -5,15 +5,14 @@
 
 #include <algorithm>
 #include <atomic>
-#include <charconv>
 #include <chrono>
 #include <mutex>
 
 #include "asyncckpt/state.h"
 #include "src/engine/engine.h"
 #include "src/format/format.h"
-#include "src/format/writer.h"
 #include "src/saver/saver_core.h"
+#include "src/state/checkpoint_names.h"
 #include "src/state/committed_steps.h"
 #include "src/util/status_macros.h"
 
@@ -116,14 +115,13 @@ class Checkpointer::Impl {
     if (closed_) return Status::FailedPrecondition("the checkpointer is closed");
     RETURN_IF_ERROR(StartIfDeferred());
     RETURN_IF_ERROR(core_->Deliver(nullptr));
-    RETURN_IF_ERROR(CheckStep(step));
     const SaverOptions& options = core_->options();
     CheckpointMetadata metadata{step, options.clock(), options.user_metadata};
     for (const auto& [key, value] : user_metadata) metadata.user[key] = value;
-    // Bad input is the caller's error, returned before the schedule moves or anything is written;
-    // the plan made here is the one the engine uses.
+    // Bad input is the caller's error, returned before the schedule moves or anything is written:
+    // the tensors are checked by the plan made here (the one the engine uses), the step and the
+    // metadata by the engine's Submit.
     const std::string name = format::CheckpointDirName(options.basename, step);
-    RETURN_IF_ERROR(format::ValidateMetadata(metadata).WithContext(name));
     ASSIGN_OR_RETURN(SnapshotPlan plan, PlanSnapshot(registry, core_->engine_options(), name));
     RETURN_IF_ERROR(PrepareEngine(registry, plan));
     CoreSaveRequest request;
@@ -159,14 +157,8 @@ class Checkpointer::Impl {
       return committed.ok() ? *committed : std::vector<int64_t>();
     }
     std::vector<int64_t> steps;
-    const std::string prefix = core_->options().basename + "-";
     for (const std::string& name : core_->manager()->retained()) {
-      if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
-      int64_t step = 0;
-      const char* first = name.data() + prefix.size();
-      const char* last = name.data() + name.size();
-      auto [end, error] = std::from_chars(first, last, step);
-      if (error == std::errc() && end == last) steps.push_back(step);
+      if (auto step = CheckpointStep(name, core_->options().basename)) steps.push_back(*step);
     }
     return steps;
   }
@@ -201,21 +193,21 @@ class Checkpointer::Impl {
   }
 
  private:
-  // Points the engine at `registry`. The engine reads its registry only in Create and Submit, so
-  // the copy it borrows is replaced here, between submits; a new engine (waiting for the saves
-  // in flight) is needed only when staging must be pinned by another device or, sized from an
-  // earlier state (staging_bytes 0), is smaller than this one's would be.
+  // Points the engine at `registry`, whose plan is `plan`. The engine reads its registry only in
+  // Create and Submit, so the copy it borrows is replaced here, between submits; a new engine
+  // (waiting for the saves in flight) is needed only when staging must be pinned by another
+  // device or, sized from an earlier state (staging_bytes 0), is smaller than this one's would be.
   Status PrepareEngine(const TensorRegistry& registry, const SnapshotPlan& plan) {
-    const uint64_t wanted = std::max(core_->StagingBytesFor(plan), reserve_bytes_);
+    ASSIGN_OR_RETURN(const uint64_t budget, StagingBudget(plan.staging, core_->options(), mode_));
+    const uint64_t wanted = std::max(budget, reserve_bytes_);
     const bool fits = core_->has_engine() && StagingDevice(registry) == staging_device_ &&
                       wanted <= core_->staging_budget();
     registry_ = registry;
     if (fits) return Status::OK();
     staging_device_ = StagingDevice(registry);
-    // Sized from the plan at hand, so that the core need not plan the registry again.
     EngineOptions engine_options = core_->engine_options();
-    engine_options.staging_bytes = wanted;
-    return core_->CreateEngine(&registry_, engine_options);
+    engine_options.staging_budget = wanted;
+    return core_->CreateEngine(&registry_, plan, engine_options);
   }
 
   std::unique_ptr<SaverCore> core_;

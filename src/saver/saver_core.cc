@@ -50,62 +50,68 @@ Result<std::unique_ptr<SaverCore>> SaverCore::Create(SaverOptions options, Saver
       new SaverCore(std::move(options), std::move(setup), std::move(schedule)));
 }
 
+namespace {
+
+// The engine options of a saver: its own, and with a coordinator of several processes, this
+// rank's place among them.
+EngineOptions EngineOptionsOf(SaverOptions saver) {
+  EngineOptions options;
+  if (saver.coordinator != nullptr) {
+    options.sharding.rank = static_cast<uint32_t>(saver.coordinator->rank());
+    options.sharding.world_size = static_cast<uint32_t>(saver.coordinator->size());
+  }
+  options.saver = std::move(saver);
+  return options;
+}
+
+}  // namespace
+
 SaverCore::SaverCore(SaverOptions options, SaverCoreSetup setup, SaveSchedule schedule)
-    : options_(std::move(options)), setup_(std::move(setup)), schedule_(std::move(schedule)) {}
+    : engine_options_(EngineOptionsOf(std::move(options))),
+      setup_(std::move(setup)),
+      schedule_(std::move(schedule)) {}
 
 SaverCore::~SaverCore() { engine_.reset(); }
 
 Status SaverCore::StartStorage() {
   ASSIGN_OR_RETURN(std::vector<std::string> removed,
-                   storage_.Start(options_, setup_.state_file_name, setup_.partner));
+                   storage_.Start(options(), setup_.state_file_name, setup_.partner));
   std::lock_guard lock(mu_);
   totals_.stale_temporaries_removed = std::move(removed);
   return Status::OK();
 }
 
 Status SaverCore::StartWithEngine(const TensorRegistry& registry) {
-  ASSIGN_OR_RETURN(SaverStart start, StartSaver(options_, registry, &storage_));
+  ASSIGN_OR_RETURN(SaverStart start, StartSaver(options(), registry, &storage_));
   {
     std::lock_guard lock(mu_);
     totals_.stale_temporaries_removed = std::move(start.removed);
   }
-  job_token_ = std::move(start.job_token);
+  engine_options_.sharding.job_token = std::move(start.job_token);
   written_ = std::move(start.written);
-  const Status created = CreateEngine(written_ ? written_.get() : &registry, engine_options());
+  const Status created = CreatePlannedEngine(written_ ? written_.get() : &registry);
   // Every rank of a job learns whether every rank has an engine, so that none trains alone.
-  RETURN_IF_ERROR(AgreeStarted(options_, created));
+  RETURN_IF_ERROR(AgreeStarted(options(), created));
   for (auto* listener : setup_.listeners) listener->begin();
   return Status::OK();
 }
 
-EngineOptions SaverCore::engine_options() const { return EngineOptionsFor(options_, job_token_); }
-
-uint64_t SaverCore::StagingBytesFor(const SnapshotPlan& plan) const {
-  if (options_.staging_bytes != 0) return options_.staging_bytes;
-  if (!synchronous()) return plan.staging_bytes;
-  // The caller waits for the whole save anyway: the state streams through a window, and the job
-  // needs no second copy of it.
-  return std::min(plan.staging_bytes,
-                  std::max<uint64_t>(kSynchronousStagingBytes, plan.largest_chunk_bytes));
+Status SaverCore::CreatePlannedEngine(const TensorRegistry* registry) {
+  ASSIGN_OR_RETURN(const SnapshotPlan plan,
+                   PlanSnapshot(*registry, engine_options_, options().basename));
+  EngineOptions engine_options = engine_options_;
+  ASSIGN_OR_RETURN(engine_options.staging_budget,
+                   StagingBudget(plan.staging, options(), setup_.mode));
+  return CreateEngine(registry, plan, engine_options);
 }
 
-EngineOptions SaverCore::WithStaging(const TensorRegistry& registry,
-                                     EngineOptions engine_options) const {
-  if (engine_options.staging_bytes != 0 || !synchronous()) return engine_options;
-  // Sized only: a registry the format cannot hold is refused by its first save, as without it.
-  Result<SnapshotPlan> plan = PlanSnapshot(registry, engine_options, "");
-  if (plan.ok()) engine_options.staging_bytes = StagingBytesFor(*plan);
-  return engine_options;
-}
-
-Status SaverCore::CreateEngine(const TensorRegistry* registry,
+Status SaverCore::CreateEngine(const TensorRegistry* registry, const SnapshotPlan& plan,
                                const EngineOptions& engine_options) {
   if (engine_) engine_->WaitAll();
   engine_.reset();
   const auto start = SteadyClock::now();
-  auto created =
-      Engine::Create(WithStaging(*registry, engine_options), storage_.fs, storage_.manager.get(),
-                     registry, [this](const SaveStats& stats) { OnDone(stats); });
+  auto created = Engine::Create(engine_options, plan, storage_.fs, storage_.manager.get(), registry,
+                                [this](const SaveStats& stats) { OnDone(stats); });
   {
     std::lock_guard lock(mu_);
     totals_.startup_seconds += SecondsSince(start);
@@ -119,12 +125,11 @@ uint64_t SaverCore::staging_budget() const { return engine_ ? engine_->staging_b
 Result<CoreSaveResult> SaverCore::Save(CoreSaveRequest request) {
   if (!engine_) return Status::FailedPrecondition("the saver has not started (begin() not called)");
   const int64_t step = request.metadata.step;
-  RETURN_IF_ERROR(CheckStep(step));
   const auto start = request.started.value_or(SteadyClock::now());
   const bool heed = request.heed_listeners;
   SubmitRequest submit;
   submit.metadata = std::move(request.metadata);
-  submit.skip_if_busy = request.may_skip && options_.on_busy == OnBusy::kSkip && !synchronous();
+  submit.skip_if_busy = request.may_skip && options().on_busy == OnBusy::kSkip && !synchronous();
   // Runs once the save is certain: on_done comes for it, in this order.
   submit.before_copy = [&] {
     if (!synchronous()) {
@@ -205,7 +210,7 @@ Status SaverCore::Deliver(RunContext* context) {
   std::lock_guard lock(mu_);
   if (stop_requested_by_listener_ && context != nullptr) context->request_stop();
   for (Status& failure : unreported_failures_) {
-    if (options_.on_error == OnError::kStop) {
+    if (options().on_error == OnError::kStop) {
       if (first_error_.ok()) first_error_ = failure;
     } else {
       LogLine(setup_.save_noun + " failed; training goes on: " + failure.ToString());

@@ -14,9 +14,11 @@
 #include <vector>
 
 #include "asyncckpt/hooks.h"
-#include "asyncckpt/saver_hook.h"
+#include "asyncckpt/saver_types.h"
 #include "src/engine/engine.h"
-#include "src/saver/saver_common.h"
+#include "src/saver/save_schedule.h"
+#include "src/saver/saver_start.h"
+#include "src/saver/saver_storage.h"
 
 namespace asyncckpt {
 
@@ -51,7 +53,8 @@ struct CoreSaveRequest {
   /// Whether a listener's wish to stop after this save counts (not for a session's first save,
   /// as in TensorFlow).
   bool heed_listeners = true;
-  /// The tensors' plan when the saver made it already (PlanSnapshot with engine_options()).
+  /// The tensors' plan when the saver made it already (PlanSnapshot with engine_options());
+  /// empty: the engine makes it.
   std::optional<SnapshotPlan> plan;
   /// When the saver's save call began, if before Save (blocked time counts from there).
   std::optional<SteadyClock::time_point> started;
@@ -87,18 +90,18 @@ class SaverCore {
   /// Locks checkpoint_dir and runs its start-up clean-up (SaverStorage::Start), as one process.
   Status StartStorage();
   /// A hook's begin(): the start (StartSaver, multi-process agreement included), an engine
-  /// over `registry` (or, in a multi-process job, over what this rank writes), agreed started on
-  /// every rank, then the listeners' begin().
+  /// over `registry` (or, in a multi-process job, over what this rank writes) planned once and
+  /// sized by StagingBudget in this saver's mode, agreed started on every rank, then the
+  /// listeners' begin(). A registry the format cannot hold is refused here, naming the tensor.
   Status StartWithEngine(const TensorRegistry& registry);
-  /// The engine options the saver's options give (job token included once started).
-  EngineOptions engine_options() const;
-  /// The staging an engine over a state of `plan` gets: options.staging_bytes when set; else
-  /// one snapshot (asynchronous), or a window of kSynchronousStagingBytes (synchronous).
-  uint64_t StagingBytesFor(const SnapshotPlan& plan) const;
-  /// Replaces the engine (after waiting for the saves in flight) by one over `registry`, with
-  /// `engine_options`; staging_bytes 0 there gets what StagingBytesFor gives (a caller that
-  /// has the registry's plan sets it from that instead).
-  Status CreateEngine(const TensorRegistry* registry, const EngineOptions& engine_options);
+  /// The options the engine is handed: the saver's own, with this process's part of a
+  /// multi-process save (job token included once started).
+  const EngineOptions& engine_options() const { return engine_options_; }
+  /// Replaces the engine (after waiting for the saves in flight) by one over `registry`, whose
+  /// plan is `plan`, with `engine_options` (engine_options() and what the caller adds: its
+  /// staging budget, its priority).
+  Status CreateEngine(const TensorRegistry* registry, const SnapshotPlan& plan,
+                      const EngineOptions& engine_options);
   /// Whether an engine exists.
   bool has_engine() const { return engine_ != nullptr; }
   /// The engine's staging budget (0 without an engine).
@@ -129,7 +132,7 @@ class SaverCore {
   /// The schedule, to ask whether a save is due.
   const SaveSchedule& schedule() const { return schedule_; }
   /// The saver's options.
-  const SaverOptions& options() const { return options_; }
+  const SaverOptions& options() const { return engine_options_.saver; }
   /// The file system, after a start.
   io::FileSystem* fs() const { return storage_.fs; }
   /// The state file and retention manager, after a start.
@@ -139,16 +142,16 @@ class SaverCore {
 
  private:
   SaverCore(SaverOptions options, SaverCoreSetup setup, SaveSchedule schedule);
+  // An engine over `registry`, planned here and sized by StagingBudget in this saver's mode.
+  Status CreatePlannedEngine(const TensorRegistry* registry);
   void OnDone(const SaveStats& stats);
-  EngineOptions WithStaging(const TensorRegistry& registry, EngineOptions engine_options) const;
   void Record(const SaveStats& stats);
   bool synchronous() const { return setup_.mode == SaveMode::kSynchronous; }
 
-  const SaverOptions options_;
+  EngineOptions engine_options_;  // the saver's options, and the job token once agreed
   const SaverCoreSetup setup_;
   SaveSchedule schedule_;
   SaverStorage storage_;
-  std::string job_token_;
   // Multi-process jobs: what this rank writes (the engine's registry); null in one process.
   std::unique_ptr<TensorRegistry> written_;
 

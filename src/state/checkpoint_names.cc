@@ -112,4 +112,10 @@ std::optional<int64_t> CheckpointStep(std::string_view name, std::string_view ba
   return step;
 }
 
+Status ValidateCheckpointStep(int64_t step) {
+  if (step >= 0) return Status::OK();
+  return Status::InvalidArgument("step " + std::to_string(step) +
+                                 " is negative; a checkpoint's step is 0 or more");
+}
+
 }  // namespace asyncckpt

@@ -40,8 +40,13 @@ std::string QuarantineDirName(const std::string& name);
 bool IsQuarantinedCheckpoint(std::string_view name, std::string_view basename);
 
 /// The step of `name` when it is exactly "<basename>-<step>" as format::CheckpointDirName
-/// writes it (decimal digits, no sign, no leading zero, fits int64); nullopt otherwise.
+/// writes it (decimal digits, no sign, no leading zero, fits int64); nullopt otherwise. The one
+/// parser of checkpoint names: every reader of a directory or a state file uses it.
 std::optional<int64_t> CheckpointStep(std::string_view name, std::string_view basename);
+
+/// InvalidArgument for a negative step: "<basename>--1" is no name CheckpointStep reads back, so
+/// a save of it could never be found again.
+Status ValidateCheckpointStep(int64_t step);
 
 // Shared with the state file's parser and the start-up pass (src/state); not for other callers.
 namespace state_internal {

@@ -1,9 +1,9 @@
 #pragma once
 
-// Which checkpoint directories are complete: the validator a CheckpointManager consults, its
-// default (IndexFileExists), what its answer means (Classify), and the committed steps a reader
-// may trust (ListCommittedSteps), which applies a validator to the state file's list or, when
-// that list is broken, to the directory.
+// Whether one checkpoint directory is complete: the validator a CheckpointManager consults, its
+// default (IndexFileExists), the savers' own, which reads the index and sizes the data files
+// (ValidateCheckpointDirectory: with CommittedCheckpointSteps, the state unit's only users of the
+// format, src/format/index_file.h), and what a validator's answer means (Classify).
 
 #include <cstdint>
 #include <functional>
@@ -33,10 +33,19 @@ using CheckpointValidator =
 
 /// The validator a manager uses when given none: complete when the directory holds a regular
 /// file named "index" (wall time 0). The savers inject one that decodes the index and checks
-/// every chunk against its data files (ValidateCheckpointDirectory, src/state/committed_steps.h).
+/// every chunk against its data files (ValidateCheckpointDirectory).
 Result<ValidCheckpoint> IndexFileExists(io::FileSystem& fs, const std::string& checkpoint_path);
 
-// Shared with the start-up pass (src/state); not for other callers.
+/// The savers' CheckpointValidator: OK (with the metadata's wall time and step) when
+/// `checkpoint_path` holds a regular "index" file of at most format::kMaxIndexBytes that decodes,
+/// and every chunk it names lies inside its data files (their sizes, not their bytes, are checked).
+/// NotFound or Corruption when it does not; FailedPrecondition for an intact index of another
+/// format version; IOError when a file cannot be read; ResourceExhausted when the index cannot
+/// be held in memory. Never opens anything but the index, never follows a symlinked index.
+Result<ValidCheckpoint> ValidateCheckpointDirectory(io::FileSystem& fs,
+                                                    const std::string& checkpoint_path);
+
+// Shared with the start-up pass and committed_steps (src/state); not for other callers.
 namespace state_internal {
 
 /// What a validator's answer means for a directory: complete, known to be incomplete or damaged
@@ -54,28 +63,5 @@ Result<ValidCheckpoint> ValidateNamed(const CheckpointValidator& validator, cons
                                       int64_t step);
 
 }  // namespace state_internal
-
-/// What start-up would quarantine, or has quarantined, among the checkpoints of `basename` in
-/// `dir`, without changing anything: one line per directory, its path and what is wrong. Every
-/// "<basename>-<step>.corrupt-<hex>" directory, and every "<basename>-<step>" real directory
-/// that `validator` finds damaged (NotFound, Corruption, or metadata of another step). A
-/// directory it cannot tell about is not named. IOError when `dir` cannot be listed; a missing
-/// `dir` has none.
-Result<std::vector<std::string>> FindDamagedCheckpoints(io::FileSystem& fs, const std::string& dir,
-                                                        const std::string& basename,
-                                                        const CheckpointValidator& validator);
-
-/// The steps of the committed checkpoints "<basename>-<step>" in `dir`, ascending (the engine
-/// of CommittedCheckpointSteps, with an injected validator). From the state file when it is
-/// healthy: it parses and names at least one checkpoint of `basename`, and each one it names is
-/// a real directory that `validator` finds complete (names of other forms are ignored).
-/// Otherwise from the directory: every "<basename>-<step>" real directory that `validator`
-/// finds complete; a scan that finds any is logged with what was wrong with the state file.
-/// A missing `dir` has none. IOError when `dir` cannot be listed, the state file exists but
-/// cannot be read, or a named checkpoint cannot be validated.
-Result<std::vector<int64_t>> ListCommittedSteps(io::FileSystem& fs, const std::string& dir,
-                                                const std::string& basename,
-                                                const std::string& state_file_name,
-                                                const CheckpointValidator& validator);
 
 }  // namespace asyncckpt

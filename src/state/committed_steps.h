@@ -1,24 +1,42 @@
 #pragma once
 
-// Which checkpoint directories are complete, by their index and data files: the savers'
-// validator. It and CommittedCheckpointSteps (asyncckpt/state.h) are the state unit's only
-// users of the format (src/format/index_file.h).
+// The checkpoints of one basename in a directory, judged by a validator (checkpoint_validator.h):
+// the committed steps a reader may trust (ListCommittedSteps, and the public
+// CommittedCheckpointSteps of asyncckpt/state.h over the savers' validator), which trusts the
+// state file's list only when every checkpoint it names is complete, and the damaged ones that
+// start-up quarantines (FindDamagedCheckpoints).
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/status.h"
-#include "src/state/checkpoint_state.h"
+#include "src/state/checkpoint_validator.h"
 
 namespace asyncckpt {
 
-/// The savers' CheckpointValidator: OK (with the metadata's wall time and step) when
-/// `checkpoint_path` holds a regular "index" file of at most format::kMaxIndexBytes that decodes,
-/// and every chunk it names lies inside its data files (their sizes, not their bytes, are checked).
-/// NotFound or Corruption when it does not; FailedPrecondition for an intact index of another
-/// format version; IOError when a file cannot be read; ResourceExhausted when the index cannot
-/// be held in memory. Never opens anything but the index, never follows a symlinked index.
-Result<ValidCheckpoint> ValidateCheckpointDirectory(io::FileSystem& fs,
-                                                    const std::string& checkpoint_path);
+/// What start-up would quarantine, or has quarantined, among the checkpoints of `basename` in
+/// `dir`, without changing anything: one line per directory, its path and what is wrong. Every
+/// "<basename>-<step>.corrupt-<hex>" directory, and every "<basename>-<step>" real directory
+/// that `validator` finds damaged (NotFound, Corruption, or metadata of another step). A
+/// directory it cannot tell about is not named. IOError when `dir` cannot be listed; a missing
+/// `dir` has none.
+Result<std::vector<std::string>> FindDamagedCheckpoints(io::FileSystem& fs, const std::string& dir,
+                                                        const std::string& basename,
+                                                        const CheckpointValidator& validator);
+
+/// The steps of the committed checkpoints "<basename>-<step>" in `dir`, ascending (the engine
+/// of CommittedCheckpointSteps, with an injected validator). From the state file when it is
+/// healthy: it parses and names at least one checkpoint of `basename`, and each one it names is
+/// a real directory that `validator` finds complete (names of other forms are ignored).
+/// Otherwise from the directory: every "<basename>-<step>" real directory that `validator`
+/// finds complete; a scan that finds any is logged with what was wrong with the state file.
+/// A missing `dir` has none. IOError when `dir` cannot be listed, the state file exists but
+/// cannot be read, or a named checkpoint cannot be validated.
+Result<std::vector<int64_t>> ListCommittedSteps(io::FileSystem& fs, const std::string& dir,
+                                                const std::string& basename,
+                                                const std::string& state_file_name,
+                                                const CheckpointValidator& validator);
 
 }  // namespace asyncckpt

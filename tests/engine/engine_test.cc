@@ -20,7 +20,7 @@
 #include "asyncckpt/reader.h"
 #include "asyncckpt/state.h"
 #include "io/fault_injection_file_system.h"
-#include "src/engine/graph.h"
+#include "src/engine/engine_threads.h"
 #include "src/format/placement.h"
 #include "src/staging/staging_pool.h"
 #include "tests/device/flaky_device.h"
@@ -294,11 +294,11 @@ class EngineTest : public ::testing::Test {
 
   EngineOptions Options() {
     EngineOptions options;
-    options.checkpoint_dir = dir_;
-    options.chunk_bytes = 64;
-    options.num_data_files = 2;
-    options.staging_bytes = 3 * kPage;  // three chunks at once: every save streams
-    options.background_threads = 2;
+    options.saver.checkpoint_dir = dir_;
+    options.saver.chunk_bytes = 64;
+    options.saver.num_data_files = 2;
+    options.staging_budget = 3 * kPage;  // three chunks at once: every save streams
+    options.saver.background_threads = 2;
     return options;
   }
 
@@ -306,9 +306,11 @@ class EngineTest : public ::testing::Test {
   Status MakeEngine(const EngineOptions& options, io::FileSystem* fs = nullptr,
                     int max_to_keep = 0) {
     if (fs == nullptr) fs = posix_.get();
-    manager_ = std::make_unique<CheckpointManager>(fs, dir_, options.basename, max_to_keep, 0,
+    manager_ = std::make_unique<CheckpointManager>(fs, dir_, options.saver.basename, max_to_keep, 0,
                                                    SystemClockSeconds);
-    auto engine = Engine::Create(options, fs, manager_.get(), &registry_,
+    auto plan = PlanSnapshot(registry_, options, "test");
+    if (!plan.ok()) return plan.status();
+    auto engine = Engine::Create(options, *plan, fs, manager_.get(), &registry_,
                                  [this](const SaveStats& stats) { OnDone(stats); });
     if (!engine.ok()) return engine.status();
     engine_ = std::move(engine).value();
@@ -414,7 +416,7 @@ TEST_F(EngineTest, SeveralSavesStayInFlightWithinTheBudget) {
   AddTensors();
   gate_ = std::make_unique<GatedFileSystem>(posix_.get());
   EngineOptions options = Options();
-  options.staging_bytes = 3 * ChunksPerSave() * kPage;  // three whole snapshots
+  options.staging_budget = 3 * ChunksPerSave() * kPage;  // three whole snapshots
   options.pack_threshold_bytes = 0;  // every chunk holds its staging until written
   options.max_saves_in_flight = 4;   // the budget is what limits here
   ASSERT_TRUE(MakeEngine(options, gate_.get()).ok());
@@ -450,7 +452,7 @@ TEST_F(EngineTest, NoMoreThanMaxSavesInFlightEvenWithStagingToSpare) {
   AddTensors();
   gate_ = std::make_unique<GatedFileSystem>(posix_.get());
   EngineOptions options = Options();
-  options.staging_bytes = 3 * ChunksPerSave() * kPage;  // three whole snapshots
+  options.staging_budget = 3 * ChunksPerSave() * kPage;  // three whole snapshots
   options.pack_threshold_bytes = 0;
   ASSERT_EQ(options.max_saves_in_flight, 2);  // the default
   ASSERT_TRUE(MakeEngine(options, gate_.get()).ok());
@@ -491,7 +493,7 @@ TEST_F(EngineTest, SkipIfBusySkipsWithoutCopyingAndSucceedsOnceStagingIsFree) {
   AddTensors();
   gate_ = std::make_unique<GatedFileSystem>(posix_.get());
   EngineOptions options = Options();
-  options.staging_bytes = 0;  // one whole snapshot; packed chunks count until written
+  options.staging_budget = 0;  // one whole snapshot; packed chunks count until written
   ASSERT_TRUE(MakeEngine(options, gate_.get()).ok());
   SetState(10);
   ASSERT_TRUE(Submit(10).ok());
@@ -538,8 +540,8 @@ TEST_F(EngineTest, StreamingSaveIsNotBusyWhenStagingIsIdle) {
 TEST_F(EngineTest, OneBackgroundThreadStillFinishesStreamingSaves) {
   AddTensors();
   EngineOptions options = Options();
-  options.background_threads = 1;
-  options.staging_bytes = kPage;  // one chunk at a time
+  options.saver.background_threads = 1;
+  options.staging_budget = kPage;  // one chunk at a time
   ASSERT_TRUE(MakeEngine(options).ok());
   for (int64_t step = 0; step < 5; ++step) {
     SetState(step);
@@ -554,23 +556,38 @@ TEST_F(EngineTest, OneBackgroundThreadStillFinishesStreamingSaves) {
   }
 }
 
-TEST_F(EngineTest, CreateRejectsABudgetSmallerThanOneChunk) {
+TEST_F(EngineTest, CreateRejectsStagingBytesSmallerThanOneChunk) {
   AddTensors();
   EngineOptions options = Options();
-  options.chunk_bytes = 1 << 20;  // the weights are one chunk of two pages
-  options.staging_bytes = kPage;
+  options.saver.chunk_bytes = 1 << 20;  // the weights are one chunk of two pages
+  options.saver.staging_bytes = kPage;
+  options.staging_budget = 0;  // sized by StagingBudget, which holds the user's to one chunk
   Status status = MakeEngine(options);
   ASSERT_FALSE(status.ok());
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("staging_bytes"), std::string::npos) << status.ToString();
-  auto no_fs = Engine::Create(Options(), nullptr, nullptr, &registry_, nullptr);
+  auto no_fs = Engine::Create(Options(), SnapshotPlan{}, nullptr, nullptr, &registry_, nullptr);
   EXPECT_EQ(no_fs.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(StagingBudgetTest, OneRuleForEverySaver) {
+  const StagingNeed need{.snapshot_bytes = 512ull << 20, .largest_chunk_bytes = 4ull << 20};
+  SaverOptions options;
+  EXPECT_EQ(*StagingBudget(need, options, SaveMode::kAsynchronous), need.snapshot_bytes);
+  EXPECT_EQ(*StagingBudget(need, options, SaveMode::kSynchronous), kSynchronousStagingBytes);
+  EXPECT_EQ(*StagingBudget({8 << 20, 4 << 20}, options, SaveMode::kSynchronous), 8u << 20);
+  EXPECT_EQ(*StagingBudget({1ull << 30, 128 << 20}, options, SaveMode::kSynchronous), 128u << 20);
+  options.staging_bytes = 4ull << 20;  // set: the budget in both modes, if it holds a chunk
+  EXPECT_EQ(*StagingBudget(need, options, SaveMode::kSynchronous), 4u << 20);
+  options.staging_bytes = (4ull << 20) - 1;
+  EXPECT_EQ(StagingBudget(need, options, SaveMode::kAsynchronous).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST_F(EngineTest, ZeroBudgetMeansOneWholeSnapshot) {
   AddTensors();
   EngineOptions options = Options();
-  options.staging_bytes = 0;
+  options.staging_budget = 0;
   ASSERT_TRUE(MakeEngine(options).ok());
   EXPECT_EQ(engine_->staging_budget(), ChunksPerSave() * kPage);
   SetState(3);
@@ -583,8 +600,8 @@ TEST_F(EngineTest, TheWriteStageKeepsMoreWritesInFlightThanDataFiles) {
   AddTensors();
   InFlightFileSystem counting(posix_.get(), /*hold=*/8);
   EngineOptions options = Options();
-  options.staging_bytes = 0;  // one whole snapshot: every chunk is copied before any write
-  options.queue_depth = 8;
+  options.staging_budget = 0;  // one whole snapshot: every chunk is copied before any write
+  options.saver.queue_depth = 8;
   options.pack_threshold_bytes = 0;  // one write per chunk
   ASSERT_GT(ChunksPerSave(), 8u);
   ASSERT_TRUE(MakeEngine(options, &counting).ok());
@@ -593,7 +610,7 @@ TEST_F(EngineTest, TheWriteStageKeepsMoreWritesInFlightThanDataFiles) {
   EXPECT_TRUE(counting.WaitForHeld()) << "fewer than 8 writes were ever in flight";
   engine_->WaitAll();
   EXPECT_GE(counting.max_outstanding(), 8u);
-  EXPECT_GT(counting.max_outstanding(), size_t{options.num_data_files});
+  EXPECT_GT(counting.max_outstanding(), size_t{options.saver.num_data_files});
   auto done = Done();
   ASSERT_EQ(done.size(), 1u);
   ASSERT_TRUE(done[0].status.ok()) << done[0].status.ToString();
@@ -626,7 +643,7 @@ TEST_F(EngineTest, SmallChunksArePackedIntoFewWritesAndReadBack) {
   ASSERT_TRUE(Done()[0].status.ok()) << Done()[0].status.ToString();
   ExpectHoldsStep(dir_ + "/model.ckpt-3", 3);
   // Every chunk is far below the pack threshold: one packed write per data file.
-  EXPECT_EQ(counting.submitted(), size_t{Options().num_data_files});
+  EXPECT_EQ(counting.submitted(), size_t{Options().saver.num_data_files});
   EXPECT_GT(ChunksPerSave(), counting.submitted());
 }
 
@@ -648,9 +665,9 @@ TEST_F(EngineTest, PacksOfManySmallTensorsLiveInStagingNotBesideIt) {
   }
   testing_support::SlowFileSystem slow(posix_.get(), std::chrono::milliseconds(2));
   EngineOptions options = Options();
-  options.chunk_bytes = 1 << 20;
-  options.staging_bytes = 32 << 20;
-  options.compression.kind = CompressionKind::kNone;
+  options.saver.chunk_bytes = 1 << 20;
+  options.staging_budget = 32 << 20;
+  options.saver.compression.kind = CompressionKind::kNone;
   ASSERT_TRUE(MakeEngine(options, &slow).ok());
   ASSERT_TRUE(Submit(1).ok());
   engine_->WaitAll();
@@ -755,8 +772,8 @@ class PreallocationTest : public EngineTest {
   }
   EngineOptions DirectOptions(CompressionKind kind) {
     EngineOptions options = Options();
-    options.use_o_direct = true;
-    options.compression.kind = kind;
+    options.saver.use_o_direct = true;
+    options.saver.compression.kind = kind;
     return options;
   }
   uint64_t DataBytesOnDisk(const std::string& checkpoint) {
@@ -816,9 +833,9 @@ TEST_F(PreallocationTest, EncodedSaveIsTrimmedFromItsBoundToItsLastChunk) {
                         {}})
                   .ok());
   EngineOptions options = DirectOptions(CompressionKind::kZstd);
-  options.num_data_files = 1;
-  options.chunk_bytes = 1 << 20;
-  options.staging_bytes = 0;
+  options.saver.num_data_files = 1;
+  options.saver.chunk_bytes = 1 << 20;
+  options.staging_budget = 0;
   ASSERT_TRUE(MakeEngine(options).ok());
   ASSERT_TRUE(Submit(6).ok());
   engine_->WaitAll();
@@ -935,7 +952,7 @@ TEST_F(EngineTest, FailingFenceInStreamOrderedModeFailsTheSave) {
   auto device = std::make_shared<FlakyDevice>();
   AddTensors(device);
   EngineOptions options = Options();
-  options.stream_ordered = true;
+  options.saver.cuda_stream_ordered = true;
   ASSERT_TRUE(MakeEngine(options).ok());
   device->mode = FlakyDevice::Mode::kFenceFails;
   SetState(1);
@@ -991,8 +1008,8 @@ TEST_F(EngineTest, ExceptionFromTheFileSystemFailsThatSaveAndCleansUp) {
 TEST_F(EngineTest, StatsReportCodecsLevelAndSizes) {
   AddTensors();
   EngineOptions options = Options();
-  options.compression.kind = CompressionKind::kShuffleZstd;
-  options.compression.level = 5;
+  options.saver.compression.kind = CompressionKind::kShuffleZstd;
+  options.saver.compression.level = 5;
   ASSERT_TRUE(MakeEngine(options).ok());
   // Zeros compress; the step-dependent state below mostly does not at 64-byte chunks.
   std::fill(weights_.begin(), weights_.end(), 0.0f);
@@ -1023,7 +1040,7 @@ TEST_F(EngineTest, StatsReportCodecsLevelAndSizes) {
 TEST_F(EngineTest, UncompressedSavesReportRawChunks) {
   AddTensors();
   EngineOptions options = Options();
-  options.compression.kind = CompressionKind::kNone;
+  options.saver.compression.kind = CompressionKind::kNone;
   ASSERT_TRUE(MakeEngine(options).ok());
   SetState(9);
   ASSERT_TRUE(Submit(9).ok());
@@ -1064,8 +1081,8 @@ TEST_F(EngineTest, ResidentMemoryAndStagingStayFlatOverHundredsOfSaves) {
                         {}})
                   .ok());
   EngineOptions options = Options();
-  options.chunk_bytes = 64 << 10;
-  options.staging_bytes = 0;  // one snapshot
+  options.saver.chunk_bytes = 64 << 10;
+  options.staging_budget = 0;  // one snapshot
   NoSyncFileSystem no_sync(posix_.get());
   ASSERT_TRUE(MakeEngine(options, &no_sync, /*max_to_keep=*/2).ok());
   auto save = [&](int64_t step) {

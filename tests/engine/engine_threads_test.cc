@@ -59,12 +59,14 @@ TEST_F(EngineThreadsTest, SaveCommitsWhileTheJobHoldsEveryWorker) {
   TensorRegistry registry;
   ASSERT_TRUE(registry.add(Ref("w", DType::kF32, {1 << 16}, values.data(), 1 << 18)).ok());
   EngineOptions options;
-  options.checkpoint_dir = dir_;
-  options.chunk_bytes = 16 << 10;
-  CheckpointManager manager(posix_.get(), dir_, options.basename, 0, 0, SystemClockSeconds);
+  options.saver.checkpoint_dir = dir_;
+  options.saver.chunk_bytes = 16 << 10;
+  CheckpointManager manager(posix_.get(), dir_, options.saver.basename, 0, 0, SystemClockSeconds);
   ASSERT_TRUE(manager.Start().ok());
   std::promise<SaveStats> done;
-  auto engine = Engine::Create(options, posix_.get(), &manager, &registry,
+  auto plan = PlanSnapshot(registry, options, "test");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  auto engine = Engine::Create(options, *plan, posix_.get(), &manager, &registry,
                                [&](const SaveStats& stats) { done.set_value(stats); });
   ASSERT_TRUE(engine.ok()) << engine.status().ToString();
 

@@ -1,5 +1,5 @@
 // The index format: names, the pinned layout, round trips, and every way a damaged or hostile
-// index is refused as Corruption, its chunks checked against their data files.
+// index is refused as Corruption. Its chunks against their data files: index_file_test.cc.
 
 #include "src/format/format.h"
 
@@ -56,13 +56,6 @@ TEST(IndexFormatTest, RoundTripKeepsEverything) {
   EXPECT_EQ(decoded->metadata.user, index.metadata.user);
   EXPECT_EQ(decoded->num_data_files, index.num_data_files);
   EXPECT_EQ(decoded->tensors, index.tensors);
-}
-
-TEST(IndexFormatTest, DataFilesLongerThanTheirChunksAreAccepted) {
-  // O_DIRECT writers may leave padding after the last chunk.
-  EXPECT_TRUE(
-      ParseAndLocate(EncodeIndex(RichIndex()), kPath, std::vector<uint64_t>{4096, 4096, 4096})
-          .ok());
 }
 
 TEST(IndexFormatTest, EveryTruncationIsCorruption) {
@@ -270,74 +263,6 @@ TEST(IndexFormatTest, MetadataKeysOutOfOrderOrRepeatedAreCorruption) {
   bytes[second_key] = 'a';
   Reseal(&bytes);
   ExpectCorruption(Decode(bytes), {"metadata entry 1's key 'a' is a duplicate or out of order"});
-}
-
-TEST(IndexFormatTest, ChunkBeyondDataFileIsCorruptionNamingFileTensorChunk) {
-  const std::vector<uint8_t> bytes = EncodeIndex(RichIndex());
-  std::vector<uint64_t> sizes = RichSizes();
-  sizes[0] = 14;  // chunk 2 of layer/0/weights ends at 15
-  ExpectCorruption(
-      ParseAndLocate(bytes, kPath, sizes).status(),
-      {"tensor 'layer/0/weights' chunk 2", "data-00000-of-00003", "holds only 14 bytes"});
-}
-
-TEST(IndexFormatTest, ChunkOffsetOverflowIsCorruption) {
-  Index index = TinyIndex();
-  index.tensors[0].chunks[0].file_offset = UINT64_MAX - 3;
-  ExpectCorruption(Decode(EncodeIndex(index)), {"tensor 'a' chunk 0", "holds only"});
-}
-
-TEST(IndexFormatTest, WrongNumberOfDataFileSizesIsCorruption) {
-  ExpectCorruption(
-      ParseAndLocate(EncodeIndex(RichIndex()), kPath, std::vector<uint64_t>{100, 100}).status(),
-      {"names 3 data files, but 2 were found"});
-}
-
-TEST(IndexFormatTest, ParseIndexSkipsOnlyTheDataFileChecks) {
-  const std::vector<uint8_t> bytes = EncodeIndex(RichIndex());
-  Result<Index> parsed = ParseIndex(bytes, kPath);
-  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
-  EXPECT_EQ(CheckChunkLocations(*parsed, kPath, std::vector<uint64_t>{0, 0, 0}).code(),
-            StatusCode::kCorruption);
-  EXPECT_TRUE(CheckChunkLocations(*parsed, kPath, RichSizes()).ok());
-}
-
-TEST(IndexFormatTest, ChunksOfTwoTensorsSharingStoredBytesAreCorruptionNamingBoth) {
-  Index index = RichIndex();
-  // "flags" chunk 0 moves onto the last 2 bytes of "layer/0/weights" chunk 1 in data file 1.
-  index.tensors[3].chunks[0].file_offset = 22;
-  ExpectCorruption(ParseAndLocate(EncodeIndex(index), kPath, RichSizes()).status(),
-                   {"tensor 'layer/0/weights' chunk 1 and tensor 'flags' chunk 0",
-                    "share stored bytes [22, 24) of data-00001-of-00003"});
-}
-
-TEST(IndexFormatTest, ChunksOfOneTensorSharingOneFrameAreCorruption) {
-  // The hostile shape: many chunks that all point at the same small, highly compressible frame.
-  Index index = TinyIndex();
-  index.tensors[0].shape = {3 << 20};
-  index.tensors[0].bytes = 12ull << 20;
-  index.tensors[0].chunks.clear();
-  for (uint64_t i = 0; i < 3; ++i) {
-    index.tensors[0].chunks.push_back(
-        Chunk(i << 22, 0, 0, 200, 4ull << 20, codec::Codec::kZstd, 1));
-  }
-  ExpectCorruption(Decode(EncodeIndex(index)),
-                   {"tensor 'a' chunk 0 and tensor 'a' chunk 1", "share stored bytes [0, 200)"});
-}
-
-TEST(IndexFormatTest, AChunkInsideAnotherChunkIsCorruption) {
-  Index index = RichIndex();
-  // "scalar" (8 bytes) moves inside "layer/0/weights" chunk 0, bytes [0, 10) of data file 0.
-  index.tensors[0].chunks[0].file_index = 0;
-  index.tensors[0].chunks[0].file_offset = 1;
-  ExpectCorruption(ParseAndLocate(EncodeIndex(index), kPath, RichSizes()).status(),
-                   {"tensor 'layer/0/weights' chunk 0 and tensor 'scalar' chunk 0",
-                    "share stored bytes [1, 9)"});
-}
-
-TEST(IndexFormatTest, ChunksBackToBackAndInDifferentFilesAtTheSameOffsetAreAccepted) {
-  // RichIndex has both: chunks ending where the next begins, and chunks at offset 0 of each file.
-  EXPECT_TRUE(ParseAndLocate(EncodeIndex(RichIndex()), kPath, RichSizes()).ok());
 }
 
 TEST(IndexFormatTest, MaxRawBytesIsOneToOneForRawAndTheZstdRatioOtherwise) {

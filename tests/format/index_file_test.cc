@@ -1,5 +1,6 @@
 // LoadIndex, the one reader of an index file: what it refuses before opening (no index, a symlink,
-// a FIFO, an oversized file), an intact index of another format version, and a round trip.
+// a FIFO, an oversized file), an intact index of another format version, and a round trip; and
+// CheckChunkLocations: every chunk inside its data file, no two sharing a stored byte.
 
 #include "src/format/index_file.h"
 
@@ -108,6 +109,83 @@ TEST_F(LoadIndexTest, MissingOrSpecialDataFilesAreCorruptionNamingThem) {
   stdfs::remove(data);
   WriteFile(data, std::string(8, 'x'));
   EXPECT_TRUE(LoadIndexCheckingDataFiles(*fs_, dir_).ok());
+}
+
+// ---- CheckChunkLocations ----------------------------------------------------------------------
+
+TEST(ChunkLocationsTest, DataFilesLongerThanTheirChunksAreAccepted) {
+  // O_DIRECT writers may leave padding after the last chunk.
+  EXPECT_TRUE(
+      ParseAndLocate(EncodeIndex(RichIndex()), kPath, std::vector<uint64_t>{4096, 4096, 4096})
+          .ok());
+}
+
+TEST(ChunkLocationsTest, ChunkBeyondDataFileIsCorruptionNamingFileTensorChunk) {
+  const std::vector<uint8_t> bytes = EncodeIndex(RichIndex());
+  std::vector<uint64_t> sizes = RichSizes();
+  sizes[0] = 14;  // chunk 2 of layer/0/weights ends at 15
+  ExpectCorruption(
+      ParseAndLocate(bytes, kPath, sizes).status(),
+      {"tensor 'layer/0/weights' chunk 2", "data-00000-of-00003", "holds only 14 bytes"});
+}
+
+TEST(ChunkLocationsTest, ChunkOffsetOverflowIsCorruption) {
+  Index index = TinyIndex();
+  index.tensors[0].chunks[0].file_offset = UINT64_MAX - 3;
+  ExpectCorruption(Decode(EncodeIndex(index)), {"tensor 'a' chunk 0", "holds only"});
+}
+
+TEST(ChunkLocationsTest, WrongNumberOfDataFileSizesIsCorruption) {
+  ExpectCorruption(
+      ParseAndLocate(EncodeIndex(RichIndex()), kPath, std::vector<uint64_t>{100, 100}).status(),
+      {"names 3 data files, but 2 were found"});
+}
+
+TEST(ChunkLocationsTest, ParseIndexSkipsOnlyTheDataFileChecks) {
+  const std::vector<uint8_t> bytes = EncodeIndex(RichIndex());
+  Result<Index> parsed = ParseIndex(bytes, kPath);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(CheckChunkLocations(*parsed, kPath, std::vector<uint64_t>{0, 0, 0}).code(),
+            StatusCode::kCorruption);
+  EXPECT_TRUE(CheckChunkLocations(*parsed, kPath, RichSizes()).ok());
+}
+
+TEST(ChunkLocationsTest, ChunksOfTwoTensorsSharingStoredBytesAreCorruptionNamingBoth) {
+  Index index = RichIndex();
+  // "flags" chunk 0 moves onto the last 2 bytes of "layer/0/weights" chunk 1 in data file 1.
+  index.tensors[3].chunks[0].file_offset = 22;
+  ExpectCorruption(ParseAndLocate(EncodeIndex(index), kPath, RichSizes()).status(),
+                   {"tensor 'layer/0/weights' chunk 1 and tensor 'flags' chunk 0",
+                    "share stored bytes [22, 24) of data-00001-of-00003"});
+}
+
+TEST(ChunkLocationsTest, ChunksOfOneTensorSharingOneFrameAreCorruption) {
+  // The hostile shape: many chunks that all point at the same small, highly compressible frame.
+  Index index = TinyIndex();
+  index.tensors[0].shape = {3 << 20};
+  index.tensors[0].bytes = 12ull << 20;
+  index.tensors[0].chunks.clear();
+  for (uint64_t i = 0; i < 3; ++i) {
+    index.tensors[0].chunks.push_back(
+        Chunk(i << 22, 0, 0, 200, 4ull << 20, codec::Codec::kZstd, 1));
+  }
+  ExpectCorruption(Decode(EncodeIndex(index)),
+                   {"tensor 'a' chunk 0 and tensor 'a' chunk 1", "share stored bytes [0, 200)"});
+}
+
+TEST(ChunkLocationsTest, AChunkInsideAnotherChunkIsCorruption) {
+  Index index = RichIndex();
+  // "scalar" (8 bytes) moves inside "layer/0/weights" chunk 0, bytes [0, 10) of data file 0.
+  index.tensors[0].chunks[0].file_index = 0;
+  index.tensors[0].chunks[0].file_offset = 1;
+  ExpectCorruption(ParseAndLocate(EncodeIndex(index), kPath, RichSizes()).status(),
+                   {"tensor 'layer/0/weights' chunk 0 and tensor 'scalar' chunk 0",
+                    "share stored bytes [1, 9)"});
+}
+
+TEST(ChunkLocationsTest, ChunksBackToBackAndInDifferentFilesAtTheSameOffsetAreAccepted) {
+  // RichIndex has both: chunks ending where the next begins, and chunks at offset 0 of each file.
+  EXPECT_TRUE(ParseAndLocate(EncodeIndex(RichIndex()), kPath, RichSizes()).ok());
 }
 
 }  // namespace

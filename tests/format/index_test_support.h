@@ -16,6 +16,7 @@
 
 #include "src/codec/codec.h"
 #include "src/format/format.h"
+#include "src/format/index_file.h"
 
 namespace asyncckpt::format {
 

@@ -1,5 +1,5 @@
-// Sharded indexes (src/format/sharded_index.cc): the slices' checks and tiling, and the merge of
-// the ranks' parts.
+// Sharded indexes: the slices' checks and tiling (src/format/sharded_index.cc), which the parser
+// runs, and the merge of the ranks' parts (format.cc's MergeShardedParts).
 
 #include "src/format/sharded_index.h"
 

@@ -28,7 +28,6 @@
 #include "asyncckpt/state.h"
 #include "io/fault_injection_file_system.h"
 #include "src/format/writer.h"
-#include "src/saver/saver_common.h"
 #include "src/state/checkpoint_state.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"

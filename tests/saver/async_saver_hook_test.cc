@@ -23,7 +23,6 @@
 #include "asyncckpt/state.h"
 #include "asyncckpt/xtensor.h"
 #include "io/fault_injection_file_system.h"
-#include "src/saver/saver_common.h"
 #include "tests/device/flaky_device.h"
 #include "tests/io/gated_file_system.h"
 #include "tests/io/slow_file_system.h"

@@ -217,39 +217,5 @@ TEST(AgreeOnSaveDueTest, OneProcessKeepsItsOwnDecision) {
   EXPECT_FALSE(*AgreeOnSaveDue(*c, false));
 }
 
-// A coordinator that claims a job of two processes; the options checks never call it.
-class TwoRanks final : public Coordinator {
- public:
-  int rank() const override { return 1; }
-  int size() const override { return 2; }
-  Status broadcast(std::vector<uint8_t>&, int) override { return Status::Internal("unused"); }
-  Result<std::vector<std::vector<uint8_t>>> all_gather(std::span<const uint8_t>) override {
-    return Status::Internal("unused");
-  }
-};
-
-TEST(ValidateSaverOptionsTest, CoordinationTimeoutMustBePositive) {
-  SaverOptions options;
-  options.checkpoint_dir = "/tmp/x";
-  options.save_steps = 1;
-  options.coordination_timeout_secs = 0;
-  const Status status = ValidateSaverOptions(options);
-  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(status.message(), HasSubstr("coordination_timeout_secs"));
-}
-
-TEST(ValidateSaverOptionsTest, SkippingSavesIsRejectedInAMultiProcessJob) {
-  TwoRanks two;
-  SaverOptions options;
-  options.checkpoint_dir = "/tmp/x";
-  options.save_steps = 1;
-  options.coordinator = &two;
-  EXPECT_TRUE(ValidateSaverOptions(options).ok());
-  options.on_busy = OnBusy::kSkip;
-  const Status status = ValidateSaverOptions(options);
-  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(status.message(), HasSubstr("on_busy kSkip"));
-}
-
 }  // namespace
 }  // namespace asyncckpt

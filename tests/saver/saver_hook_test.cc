@@ -16,7 +16,6 @@
 #include "asyncckpt/state.h"
 #include "asyncckpt/xtensor.h"
 #include "io/fault_injection_file_system.h"
-#include "src/saver/saver_common.h"
 
 namespace asyncckpt {
 namespace {

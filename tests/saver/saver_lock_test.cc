@@ -24,7 +24,7 @@
 #include "asyncckpt/saver_hook.h"
 #include "asyncckpt/session.h"
 #include "io/fault_injection_file_system.h"
-#include "src/saver/saver_common.h"
+#include "src/saver/saver_storage.h"
 #include "tests/io/gated_file_system.h"
 #include "tests/support/files.h"
 

@@ -1,5 +1,5 @@
-// Tests of src/state/checkpoint_names.cc: the names a save and a deletion pass through, and the
-// step of a name.
+// Tests of src/state/checkpoint_names.cc: the names a save and a deletion pass through, the step
+// of a name, and the steps a name can carry.
 
 #include "src/state/checkpoint_names.h"
 
@@ -33,6 +33,14 @@ TEST(CheckpointStepTest, AcceptsExactlyWhatCheckpointDirNameWrites) {
         "input.ckpt-1", "model.ckpt-9223372036854775808", "my-notes"}) {
     EXPECT_FALSE(CheckpointStep(name, "model.ckpt").has_value()) << name;
   }
+}
+
+TEST(CheckpointStepTest, ANegativeStepIsRefusedNamingIt) {
+  EXPECT_TRUE(ValidateCheckpointStep(0).ok());
+  EXPECT_TRUE(ValidateCheckpointStep(INT64_MAX).ok());
+  const Status refused = ValidateCheckpointStep(-1);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("step -1"), std::string::npos) << refused.ToString();
 }
 
 TEST(DeletingDirNameTest, AppendsSixteenRandomHexDigits) {

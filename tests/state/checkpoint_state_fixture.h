@@ -1,9 +1,9 @@
 #pragma once
 
 // Test support for the tests of src/state: a checkpoint directory in a fresh temporary
-// directory (CheckpointStateTest), a file system that logs and fails chosen operations
-// (FaultyFileSystem), an example state, and a validator that reads "complete <wall time>" from
-// the index. Shared by tests/state/*_test.cc.
+// directory (StateDirTest, which each test file derives its suite from), a file system that logs
+// and fails chosen operations (FaultyFileSystem), an example state, and a validator that reads
+// "complete <wall time>" from the index. Shared by tests/state/*_test.cc.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -95,7 +95,7 @@ class FaultyFileSystem : public io::FileSystemWrapper {
   std::vector<std::string> ops_;
 };
 
-class CheckpointStateTest : public ::testing::Test {
+class StateDirTest : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string pattern = (fs::path(::testing::TempDir()) / "state_test_XXXXXX").string();

@@ -33,6 +33,9 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
 
+// The shared fixture, named after the unit these tests cover (CheckpointManager's).
+class CheckpointStateTest : public StateDirTest {};
+
 // ---- retention ----------------------------------------------------------------------------------
 
 TEST_F(CheckpointStateTest, MaxToKeepThreeKeepsNewestThree) {

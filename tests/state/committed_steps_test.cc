@@ -1,89 +1,76 @@
-// ValidateCheckpointDirectory (the savers' validator) and CommittedCheckpointSteps, on real
-// checkpoints written by the format's writer.
+// Tests of src/state/committed_steps.cc: the committed steps a reader may trust, from the state
+// file or a scan (ListCommittedSteps with an injected validator, and CommittedCheckpointSteps on
+// real checkpoints written by the format's writer).
 
 #include "src/state/committed_steps.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/stat.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "asyncckpt/file_system.h"
 #include "asyncckpt/state.h"
 #include "src/format/format.h"
-#include "src/format/writer.h"
-#include "src/state/checkpoint_state.h"
+#include "tests/state/checkpoint_state_fixture.h"
 #include "tests/support/checkpoint_dir_test.h"
-#include "tests/support/checkpoint_files.h"
-#include "tests/support/files.h"
 
 namespace asyncckpt {
 namespace {
 
-namespace fs = std::filesystem;
+using namespace state_testing;  // NOLINT(build/namespaces): the shared fixture
 using ::testing::ElementsAre;
-using ::testing::HasSubstr;
-using testing_support::WriteFile;
 
-constexpr char kModel[] = "model.ckpt";
+// The shared fixture, named after the unit these tests cover.
+class CommittedStepsTest : public StateDirTest {};
 
-std::string Name(int step) { return std::string(kModel) + "-" + std::to_string(step); }
-
-class CommittedStepsTest : public testing_support::CheckpointDirTest {};
-
-TEST_F(CommittedStepsTest, ValidatorAcceptsACompleteCheckpointWithItsWallTime) {
-  WriteCheckpoint(3, 1234.5);
-  Result<ValidCheckpoint> valid = ValidateCheckpointDirectory(*posix_, Path(Name(3)));
-  ASSERT_TRUE(valid.ok()) << valid.status().ToString();
-  EXPECT_EQ(valid->wall_time, 1234.5);
+TEST_F(CommittedStepsTest, CommittedStepsComeFromAHealthyStateFile) {
+  for (int step : {1, 2, 3}) MakeCheckpointDir(Name(step), "complete 0");
+  CheckpointState state;
+  state.all_model_checkpoint_paths = {Name(2), Name(3)};
+  state.model_checkpoint_path = Name(3);
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state).ok());
+  Result<std::vector<int64_t>> steps =
+      ListCommittedSteps(*posix_, dir_, kBasename, "checkpoint", ContentValidator());
+  ASSERT_TRUE(steps.ok()) << steps.status().ToString();
+  EXPECT_THAT(*steps, ElementsAre(2, 3));
 }
 
-TEST_F(CommittedStepsTest, ValidatorRejectsEachKindOfIncompleteCheckpoint) {
-  fs::create_directory(Path(Name(1)));  // empty
-  WriteCheckpoint(2);
-  fs::remove(Path(Name(2) + "/" + format::DataFileName(1, 2)));  // index and one data file
-  WriteCheckpoint(3);
-  fs::resize_file(Path(Name(3) + "/" + format::DataFileName(0, 2)), 100);  // cut short
-  WriteCheckpoint(4);
-  fs::resize_file(Path(Name(4) + "/index"), 30);  // torn index
-  WriteCheckpoint(5);
-  fs::remove(Path(Name(5) + "/index"));
-  fs::create_directory(Path(Name(5) + "/index"));  // not a file
-  for (int step = 1; step <= 5; ++step) {
-    SCOPED_TRACE(step);
-    const Status status = ValidateCheckpointDirectory(*posix_, Path(Name(step))).status();
-    EXPECT_TRUE(status.code() == StatusCode::kNotFound || status.code() == StatusCode::kCorruption)
-        << status.ToString();
-    EXPECT_THAT(status.message(), HasSubstr(Path(Name(step))));
+TEST_F(CommittedStepsTest, CommittedStepsFallBackToTheDirectoryWhenTheStateFileIsBroken) {
+  for (int step : {1, 2, 3}) MakeCheckpointDir(Name(step), "complete 0");
+  MakeCheckpointDir(Name(4), "torn");
+  for (const std::string& text : {std::string(), std::string("garbage\n"),
+                                  "model_checkpoint_path: \"" + Name(4) + "\"\n",     // incomplete
+                                  "model_checkpoint_path: \"" + Name(9) + "\"\n"}) {  // missing
+    SCOPED_TRACE(text);
+    WriteText("checkpoint", text);
+    Result<std::vector<int64_t>> steps =
+        ListCommittedSteps(*posix_, dir_, kBasename, "checkpoint", ContentValidator());
+    ASSERT_TRUE(steps.ok()) << steps.status().ToString();
+    EXPECT_THAT(*steps, ElementsAre(1, 2, 3));
   }
+  fs::remove(Path("checkpoint"));
+  EXPECT_THAT(
+      ListCommittedSteps(*posix_, dir_, kBasename, "checkpoint", ContentValidator()).value(),
+      ElementsAre(1, 2, 3));
+  EXPECT_TRUE(
+      ListCommittedSteps(*posix_, dir_ + "/none", kBasename, "checkpoint", {}).value().empty());
 }
 
-TEST_F(CommittedStepsTest, ValidatorNeverOpensAFifoNorAllocatesAnOversizedIndex) {
-  fs::create_directory(Path(Name(1)));
-  ASSERT_EQ(::mkfifo(Path(Name(1) + "/index").c_str(), 0600), 0);
-  const Status fifo = ValidateCheckpointDirectory(*posix_, Path(Name(1))).status();
-  EXPECT_EQ(fifo.code(), StatusCode::kCorruption) << fifo.ToString();
-  EXPECT_THAT(fifo.message(), HasSubstr("not a regular file"));
+// ---- over the savers' validator ----------------------------------------------------------------
 
-  fs::create_directory(Path(Name(2)));
-  WriteFile(Path(Name(2) + "/index"), "");
-  fs::resize_file(Path(Name(2) + "/index"), format::kMaxIndexBytes + 1);  // sparse
-  const Status huge = ValidateCheckpointDirectory(*posix_, Path(Name(2))).status();
-  EXPECT_EQ(huge.code(), StatusCode::kCorruption) << huge.ToString();
-  EXPECT_THAT(huge.message(), HasSubstr("at most"));
-}
+class CommittedCheckpointStepsTest : public testing_support::CheckpointDirTest {};
 
-// ---- committed steps for readers ----------------------------------------------------------------
-
-TEST_F(CommittedStepsTest, CommittedStepsValidateWhatTheStateFileNames) {
+TEST_F(CommittedCheckpointStepsTest, ValidateWhatTheStateFileNames) {
   for (int step = 1; step <= 3; ++step) WriteCheckpoint(step);
   WriteState({2, 3});
-  EXPECT_THAT(CommittedCheckpointSteps(dir_, kModel).value(), ElementsAre(2, 3));
+  EXPECT_THAT(CommittedCheckpointSteps(dir_, kBasename).value(), ElementsAre(2, 3));
   fs::resize_file(Path(Name(3) + "/" + format::DataFileName(0, 2)), 1);  // 3 goes bad
-  EXPECT_THAT(CommittedCheckpointSteps(dir_, kModel).value(), ElementsAre(1, 2));
-  EXPECT_TRUE(CommittedCheckpointSteps(dir_ + "/missing", kModel).value().empty());
+  EXPECT_THAT(CommittedCheckpointSteps(dir_, kBasename).value(), ElementsAre(1, 2));
+  EXPECT_TRUE(CommittedCheckpointSteps(dir_ + "/missing", kBasename).value().empty());
 }
 
 }  // namespace

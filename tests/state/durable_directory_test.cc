@@ -32,9 +32,12 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
 
+// The shared fixture, named after the unit these tests cover.
+class DurableDirectoryTest : public StateDirTest {};
+
 // ---- commit helpers -----------------------------------------------------------------------------
 
-TEST_F(CheckpointStateTest, CommitDirectoryRenamesIntoPlace) {
+TEST_F(DurableDirectoryTest, CommitDirectoryRenamesIntoPlace) {
   const std::string tmp = TempDirName("model.ckpt-1");
   MakeCheckpointDir(tmp, "new");
   ASSERT_TRUE(CommitDirectory(*faulty_, dir_, tmp, "model.ckpt-1").ok());
@@ -44,7 +47,7 @@ TEST_F(CheckpointStateTest, CommitDirectoryRenamesIntoPlace) {
               ElementsAre("sync_dir " + Path(tmp), "rename " + Path(tmp), "sync_dir " + dir_));
 }
 
-TEST_F(CheckpointStateTest, CommitDirectoryReplacesExistingFinalAtomically) {
+TEST_F(DurableDirectoryTest, CommitDirectoryReplacesExistingFinalAtomically) {
   MakeCheckpointDir("model.ckpt-1", "old");
   const std::string tmp = TempDirName("model.ckpt-1");
   MakeCheckpointDir(tmp, "new");
@@ -62,7 +65,7 @@ TEST_F(CheckpointStateTest, CommitDirectoryReplacesExistingFinalAtomically) {
   EXPECT_THAT(ops[4], HasSubstr("remove_tree " + Path("model.ckpt-1.deleting-")));
 }
 
-TEST_F(CheckpointStateTest, CommitDirectoryFallsBackWhenExchangeIsUnsupported) {
+TEST_F(DurableDirectoryTest, CommitDirectoryFallsBackWhenExchangeIsUnsupported) {
   MakeCheckpointDir("model.ckpt-1", "old");
   const std::string tmp = TempDirName("model.ckpt-1");
   MakeCheckpointDir(tmp, "new");
@@ -79,7 +82,7 @@ TEST_F(CheckpointStateTest, CommitDirectoryFallsBackWhenExchangeIsUnsupported) {
   EXPECT_THAT(ops[5], HasSubstr("remove_tree " + Path("model.ckpt-1.deleting-")));
 }
 
-TEST_F(CheckpointStateTest, CommitDirectoryFallbackRestoresOldCopyWhenSecondRenameFails) {
+TEST_F(DurableDirectoryTest, CommitDirectoryFallbackRestoresOldCopyWhenSecondRenameFails) {
   MakeCheckpointDir("model.ckpt-1", "old");
   const std::string tmp = TempDirName("model.ckpt-1");
   MakeCheckpointDir(tmp, "new");
@@ -93,7 +96,7 @@ TEST_F(CheckpointStateTest, CommitDirectoryFallbackRestoresOldCopyWhenSecondRena
   EXPECT_THAT(Entries(), UnorderedElementsAre("model.ckpt-1", tmp));
 }
 
-TEST_F(CheckpointStateTest, CommitDirectoryReportsAFailedSwap) {
+TEST_F(DurableDirectoryTest, CommitDirectoryReportsAFailedSwap) {
   MakeCheckpointDir("model.ckpt-1", "old");
   const std::string tmp = TempDirName("model.ckpt-1");
   MakeCheckpointDir(tmp, "new");
@@ -103,7 +106,7 @@ TEST_F(CheckpointStateTest, CommitDirectoryReportsAFailedSwap) {
   EXPECT_EQ(ReadText("model.ckpt-1/index"), "old");
 }
 
-TEST_F(CheckpointStateTest, CommitDirectoryRefusesNamesThatArePaths) {
+TEST_F(DurableDirectoryTest, CommitDirectoryRefusesNamesThatArePaths) {
   EXPECT_EQ(CommitDirectory(*posix_, dir_, "../x", "y").code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(CommitDirectory(*posix_, dir_, "x", "a/y").code(), StatusCode::kInvalidArgument);
 }

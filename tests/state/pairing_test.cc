@@ -39,7 +39,7 @@ constexpr char kInputBasename[] = "input.ckpt";
 
 std::string InputName(int step) { return std::string(kInputBasename) + "-" + std::to_string(step); }
 
-class PairedRetentionTest : public CheckpointStateTest {
+class PairedRetentionTest : public StateDirTest {
  protected:
   void MakeManagers(int max_to_keep) {
     model_ = std::make_unique<CheckpointManager>(

@@ -35,6 +35,9 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
 
+// The shared fixture, named after the unit these tests cover.
+class StartupPassTest : public StateDirTest {};
+
 // Collects what the library logs while it lives.
 class CapturedLog {
  public:
@@ -51,7 +54,7 @@ class CapturedLog {
 
 // ---- recovery -----------------------------------------------------------------------------------
 
-TEST_F(CheckpointStateTest, StartContinuesRetentionAndDropsMissingDirectories) {
+TEST_F(StartupPassTest, StartContinuesRetentionAndDropsMissingDirectories) {
   {
     auto first = NewManager(3);
     for (int step = 1; step <= 5; ++step) Commit(*first, step, step);
@@ -69,7 +72,7 @@ TEST_F(CheckpointStateTest, StartContinuesRetentionAndDropsMissingDirectories) {
   EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre(Name(5), Name(6), Name(7)));
 }
 
-TEST_F(CheckpointStateTest, StartRewritesNothingWhenNothingChanged) {
+TEST_F(StartupPassTest, StartRewritesNothingWhenNothingChanged) {
   {
     auto first = NewManager(3);
     Commit(*first, 1, 1);
@@ -84,14 +87,14 @@ TEST_F(CheckpointStateTest, StartRewritesNothingWhenNothingChanged) {
   EXPECT_THAT(manager->retained(), ElementsAre(Name(1), Name(2)));
 }
 
-TEST_F(CheckpointStateTest, StartWithoutStateFileStartsEmpty) {
+TEST_F(StartupPassTest, StartWithoutStateFileStartsEmpty) {
   auto manager = NewManager(3);
   ASSERT_TRUE(manager->Start().ok());
   EXPECT_TRUE(manager->retained().empty());
   EXPECT_TRUE(Entries().empty());
 }
 
-TEST_F(CheckpointStateTest, StartKeepsLastPreservedTimestamp) {
+TEST_F(StartupPassTest, StartKeepsLastPreservedTimestamp) {
   CheckpointState state = ExampleState();
   MakeCheckpointDir("model.ckpt-1000");
   MakeCheckpointDir("model.ckpt-2000");
@@ -105,7 +108,7 @@ TEST_F(CheckpointStateTest, StartKeepsLastPreservedTimestamp) {
 
 // Finding 6a: a corrupt state file used to stop the saver (Corruption), and a resume beside it
 // started afresh. Now the list is rebuilt from the complete checkpoints on disk, loudly.
-TEST_F(CheckpointStateTest, StartRebuildsACorruptStateFileFromTheDirectory) {
+TEST_F(StartupPassTest, StartRebuildsACorruptStateFileFromTheDirectory) {
   MakeCheckpointDir(Name(1));
   MakeCheckpointDir(Name(2));
   MakeCheckpointDir(Name(3));
@@ -132,7 +135,7 @@ TEST_F(CheckpointStateTest, StartRebuildsACorruptStateFileFromTheDirectory) {
 
 // ---- stale temporaries --------------------------------------------------------------------------
 
-TEST_F(CheckpointStateTest, StartRemovesOnlyOurTemporariesAndDeletions) {
+TEST_F(StartupPassTest, StartRemovesOnlyOurTemporariesAndDeletions) {
   const std::vector<std::string> stale = {
       "checkpoint.tmp-00ff", "model.ckpt-3.deleting-0123456789abcdef",
       "model.ckpt-5.tmp-0123456789abcdef", "model.ckpt-7.tmp-AB"};
@@ -172,7 +175,7 @@ TEST_F(CheckpointStateTest, StartRemovesOnlyOurTemporariesAndDeletions) {
   EXPECT_THAT(manager->retained(), ElementsAre("model.ckpt-5"));
 }
 
-TEST_F(CheckpointStateTest, StartLogsAndReportsAFailedRemovalButDoesNotFail) {
+TEST_F(StartupPassTest, StartLogsAndReportsAFailedRemovalButDoesNotFail) {
   MakeCheckpointDir("model.ckpt-5.tmp-01");
   faulty_->set_fault(
       [](const std::string& op, const std::string&) { return op == "remove_tree" ? EACCES : 0; });
@@ -186,7 +189,7 @@ TEST_F(CheckpointStateTest, StartLogsAndReportsAFailedRemovalButDoesNotFail) {
 
 // ---- start-up recovery --------------------------------------------------------------------------
 
-TEST_F(CheckpointStateTest, FreshDirectoryStartsEmptyAndSilently) {
+TEST_F(StartupPassTest, FreshDirectoryStartsEmptyAndSilently) {
   std::vector<std::string> logged;
   auto previous = SetLogSink([&](std::string_view line) { logged.emplace_back(line); });
   Result<StartupReport> report = NewManager(3)->Start();
@@ -199,7 +202,7 @@ TEST_F(CheckpointStateTest, FreshDirectoryStartsEmptyAndSilently) {
 
 // Finding 6a: an empty state file, or one naming only missing checkpoints, made a resume start
 // afresh beside intact checkpoints (which retention then deleted).
-TEST_F(CheckpointStateTest, EmptyStateFileIsRebuiltFromTheDirectory) {
+TEST_F(StartupPassTest, EmptyStateFileIsRebuiltFromTheDirectory) {
   for (int step = 4; step <= 7; ++step) MakeCheckpointDir(Name(step));
   WriteText("checkpoint", "");
   auto manager = NewManager(3);
@@ -211,7 +214,7 @@ TEST_F(CheckpointStateTest, EmptyStateFileIsRebuiltFromTheDirectory) {
   EXPECT_THAT(report->removed, ElementsAre(Name(4)));
 }
 
-TEST_F(CheckpointStateTest, StateFileNamingOnlyMissingCheckpointsIsRebuiltFromTheDirectory) {
+TEST_F(StartupPassTest, StateFileNamingOnlyMissingCheckpointsIsRebuiltFromTheDirectory) {
   for (int step = 4; step <= 7; ++step) MakeCheckpointDir(Name(step));
   CheckpointState state;
   state.all_model_checkpoint_paths = {Name(999)};
@@ -226,7 +229,7 @@ TEST_F(CheckpointStateTest, StateFileNamingOnlyMissingCheckpointsIsRebuiltFromTh
   EXPECT_TRUE(report->removed.empty());
 }
 
-TEST_F(CheckpointStateTest, DeletedLatestIsDroppedAndTheRestKept) {
+TEST_F(StartupPassTest, DeletedLatestIsDroppedAndTheRestKept) {
   for (int step = 4; step <= 7; ++step) MakeCheckpointDir(Name(step));
   CheckpointState state;
   for (int step = 4; step <= 8; ++step) {
@@ -245,7 +248,7 @@ TEST_F(CheckpointStateTest, DeletedLatestIsDroppedAndTheRestKept) {
 
 // Finding 7: a directory committed while the state-file update hit ENOSPC was never listed and
 // never removed.
-TEST_F(CheckpointStateTest, CommittedButUnlistedCheckpointIsListedAgainAtStart) {
+TEST_F(StartupPassTest, CommittedButUnlistedCheckpointIsListedAgainAtStart) {
   auto manager = NewManager(3);
   for (int step = 1; step <= 2; ++step) {
     MakeCheckpointDir(Name(step), "complete " + std::to_string(step));
@@ -269,7 +272,7 @@ TEST_F(CheckpointStateTest, CommittedButUnlistedCheckpointIsListedAgainAtStart) 
   EXPECT_THAT(ReadState().all_model_checkpoint_timestamps, ElementsAre(1.0, 2.0, 33.5));
 }
 
-TEST_F(CheckpointStateTest, UnlistedDirectoriesFollowTheStartupRule) {
+TEST_F(StartupPassTest, UnlistedDirectoriesFollowTheStartupRule) {
   // Listed: 5 and 6 (max_to_keep 3). Unlisted: 1 incomplete, 2 and 3 complete and old, 4
   // complete and old, 7 incomplete, 8 complete and new.
   for (int step : {5, 6}) MakeCheckpointDir(Name(step), "complete " + std::to_string(step));
@@ -309,7 +312,7 @@ TEST_F(CheckpointStateTest, UnlistedDirectoriesFollowTheStartupRule) {
   }
 }
 
-TEST_F(CheckpointStateTest, StartFillsAShortListWithTheNewestUnlistedCheckpoints) {
+TEST_F(StartupPassTest, StartFillsAShortListWithTheNewestUnlistedCheckpoints) {
   for (int step = 1; step <= 6; ++step) MakeCheckpointDir(Name(step));
   CheckpointState state;
   state.all_model_checkpoint_paths = {Name(5)};
@@ -322,7 +325,7 @@ TEST_F(CheckpointStateTest, StartFillsAShortListWithTheNewestUnlistedCheckpoints
   EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(4), Name(5), Name(6)}));
 }
 
-TEST_F(CheckpointStateTest, DamagedListedCheckpointIsQuarantinedEvenWhenTheRewriteFails) {
+TEST_F(StartupPassTest, DamagedListedCheckpointIsQuarantinedEvenWhenTheRewriteFails) {
   MakeCheckpointDir(Name(1), "complete 1");
   MakeCheckpointDir(Name(2), "torn");
   CheckpointState state;
@@ -355,7 +358,7 @@ TEST_F(CheckpointStateTest, DamagedListedCheckpointIsQuarantinedEvenWhenTheRewri
   EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre(Name(1)));
 }
 
-TEST_F(CheckpointStateTest, TruncatedOnlyCheckpointIsQuarantinedNotRemoved) {
+TEST_F(StartupPassTest, TruncatedOnlyCheckpointIsQuarantinedNotRemoved) {
   MakeCheckpointDir(Name(10), "complete 10");
   CheckpointState state;
   state.all_model_checkpoint_paths = {Name(10)};
@@ -389,7 +392,7 @@ TEST_F(CheckpointStateTest, TruncatedOnlyCheckpointIsQuarantinedNotRemoved) {
   EXPECT_EQ(Quarantined(), std::vector<std::string>{Name(10)});
 }
 
-TEST_F(CheckpointStateTest, MisnamedCopyIsQuarantinedNotRelisted) {
+TEST_F(StartupPassTest, MisnamedCopyIsQuarantinedNotRelisted) {
   MakeCheckpointDir(Name(15), "complete 15");
   CapturedLog log;
   CheckpointManager manager(
@@ -413,7 +416,7 @@ TEST_F(CheckpointStateTest, MisnamedCopyIsQuarantinedNotRelisted) {
   EXPECT_THAT(log.text(), HasSubstr("start-up listed " + Path(Name(15)) + " again"));
 }
 
-TEST_F(CheckpointStateTest, OtherBasenamesEntriesOfASharedStateFileAreKept) {
+TEST_F(StartupPassTest, OtherBasenamesEntriesOfASharedStateFileAreKept) {
   MakeCheckpointDir(Name(1));
   MakeCheckpointDir("other.ckpt-7");
   CheckpointState state;

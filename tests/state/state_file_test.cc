@@ -34,6 +34,9 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
 
+// The shared fixture, named after the unit these tests cover.
+class StateFileTest : public StateDirTest {};
+
 // ---- the text form ------------------------------------------------------------------------------
 
 TEST(CheckpointStateTextTest, SerializesInTensorFlowTextProtoForm) {
@@ -202,19 +205,19 @@ TEST(CheckpointStateTextTest, StateFileOfTheLargestAcceptedSizeParsesAndValidate
 
 // ---- reading and writing the file ---------------------------------------------------------------
 
-TEST_F(CheckpointStateTest, StateFileRoundTrips) {
+TEST_F(StateFileTest, StateFileRoundTrips) {
   ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, ExampleState()).ok());
   ExpectSameState(ReadState(), ExampleState());
   EXPECT_EQ(ReadText("checkpoint"), SerializeCheckpointState(ExampleState()));
 }
 
-TEST_F(CheckpointStateTest, WriteLeavesNoTemporaryOnSuccess) {
+TEST_F(StateFileTest, WriteLeavesNoTemporaryOnSuccess) {
   ASSERT_TRUE(WriteCheckpointState(*faulty_, dir_, ExampleState()).ok());
   EXPECT_THAT(Entries(), UnorderedElementsAre("checkpoint"));
   EXPECT_EQ(faulty_->count("sync_dir"), 1);
 }
 
-TEST_F(CheckpointStateTest, WriteUsesTheGivenStateFileName) {
+TEST_F(StateFileTest, WriteUsesTheGivenStateFileName) {
   ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, ExampleState(), "latest").ok());
   EXPECT_THAT(Entries(), UnorderedElementsAre("latest"));
   Result<CheckpointState> read = ReadCheckpointState(*posix_, dir_, "latest");
@@ -222,7 +225,7 @@ TEST_F(CheckpointStateTest, WriteUsesTheGivenStateFileName) {
   ExpectSameState(*read, ExampleState());
 }
 
-TEST_F(CheckpointStateTest, FailedRenameLeavesOldFileIntactAndNoTemporary) {
+TEST_F(StateFileTest, FailedRenameLeavesOldFileIntactAndNoTemporary) {
   WriteText("checkpoint", "model_checkpoint_path: \"old\"\n");
   faulty_->set_fault(
       [](const std::string& op, const std::string&) { return op == "rename" ? EIO : 0; });
@@ -232,7 +235,7 @@ TEST_F(CheckpointStateTest, FailedRenameLeavesOldFileIntactAndNoTemporary) {
   EXPECT_THAT(Entries(), UnorderedElementsAre("checkpoint"));
 }
 
-TEST_F(CheckpointStateTest, FailedOpenLeavesOldFileIntact) {
+TEST_F(StateFileTest, FailedOpenLeavesOldFileIntact) {
   WriteText("checkpoint", "model_checkpoint_path: \"old\"\n");
   faulty_->set_fault(
       [](const std::string& op, const std::string&) { return op == "open" ? ENOSPC : 0; });
@@ -241,7 +244,7 @@ TEST_F(CheckpointStateTest, FailedOpenLeavesOldFileIntact) {
   EXPECT_THAT(Entries(), UnorderedElementsAre("checkpoint"));
 }
 
-TEST_F(CheckpointStateTest, FailedSyncOfTheTemporaryLeavesOldFileIntact) {
+TEST_F(StateFileTest, FailedSyncOfTheTemporaryLeavesOldFileIntact) {
   WriteText("checkpoint", "model_checkpoint_path: \"old\"\n");
   io::FaultInjectionFileSystem injected(posix_.get());
   injected.fail_ops_matching("checkpoint.tmp-", EIO, io::FaultOp::kSync);
@@ -250,7 +253,7 @@ TEST_F(CheckpointStateTest, FailedSyncOfTheTemporaryLeavesOldFileIntact) {
   EXPECT_THAT(Entries(), UnorderedElementsAre("checkpoint"));
 }
 
-TEST_F(CheckpointStateTest, CrashAtAnyPointOfAWriteLeavesOldOrNewState) {
+TEST_F(StateFileTest, CrashAtAnyPointOfAWriteLeavesOldOrNewState) {
   const std::string old_text = "model_checkpoint_path: \"old\"\n";
   const std::string new_text = SerializeCheckpointState(ExampleState());
   for (uint64_t n = 1;; ++n) {
@@ -273,20 +276,20 @@ TEST_F(CheckpointStateTest, CrashAtAnyPointOfAWriteLeavesOldOrNewState) {
   }
 }
 
-TEST_F(CheckpointStateTest, WriteRefusesAnInvalidState) {
+TEST_F(StateFileTest, WriteRefusesAnInvalidState) {
   CheckpointState state = ExampleState();
   state.model_checkpoint_path = "model.ckpt-1000";
   EXPECT_EQ(WriteCheckpointState(*posix_, dir_, state).code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(Entries().empty());
 }
 
-TEST_F(CheckpointStateTest, MissingStateFileIsNotFound) {
+TEST_F(StateFileTest, MissingStateFileIsNotFound) {
   Result<CheckpointState> read = ReadCheckpointState(*posix_, dir_, "checkpoint");
   EXPECT_EQ(read.status().code(), StatusCode::kNotFound);
   EXPECT_EQ(GetCheckpointState(dir_).status().code(), StatusCode::kNotFound);
 }
 
-TEST_F(CheckpointStateTest, OversizedStateFileIsCorruption) {
+TEST_F(StateFileTest, OversizedStateFileIsCorruption) {
   WriteText("checkpoint", "");
   fs::resize_file(Path("checkpoint"), kMaxCheckpointStateFileBytes + 1);
   Result<CheckpointState> read = GetCheckpointState(dir_);
@@ -294,7 +297,7 @@ TEST_F(CheckpointStateTest, OversizedStateFileIsCorruption) {
   EXPECT_THAT(read.status().message(), HasSubstr(Path("checkpoint")));
 }
 
-TEST_F(CheckpointStateTest, CorruptStateFileNamesFileAndLine) {
+TEST_F(StateFileTest, CorruptStateFileNamesFileAndLine) {
   WriteText("checkpoint", "model_checkpoint_path: \"a\"\nbogus: 1\n");
   Result<CheckpointState> read = GetCheckpointState(dir_);
   EXPECT_EQ(read.status().code(), StatusCode::kCorruption);
@@ -303,7 +306,7 @@ TEST_F(CheckpointStateTest, CorruptStateFileNamesFileAndLine) {
 
 // ---- LatestCheckpoint ---------------------------------------------------------------------------
 
-TEST_F(CheckpointStateTest, LatestCheckpointIsTheModelPathInTheDirectory) {
+TEST_F(StateFileTest, LatestCheckpointIsTheModelPathInTheDirectory) {
   MakeCheckpointDir("model.ckpt-1000");
   MakeCheckpointDir("model.ckpt-2000");
   ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, ExampleState()).ok());
@@ -312,7 +315,7 @@ TEST_F(CheckpointStateTest, LatestCheckpointIsTheModelPathInTheDirectory) {
   EXPECT_EQ(*latest, dir_ + "/model.ckpt-2000");
 }
 
-TEST_F(CheckpointStateTest, LatestCheckpointNotFoundCases) {
+TEST_F(StateFileTest, LatestCheckpointNotFoundCases) {
   Result<std::string> missing_dir = LatestCheckpoint(dir_ + "/nope");
   EXPECT_EQ(missing_dir.status().code(), StatusCode::kNotFound);
   EXPECT_THAT(missing_dir.status().message(), HasSubstr(dir_ + "/nope does not exist"));
@@ -330,12 +333,12 @@ TEST_F(CheckpointStateTest, LatestCheckpointNotFoundCases) {
   EXPECT_THAT(gone.status().message(), HasSubstr("model.ckpt-2000"));
 }
 
-TEST_F(CheckpointStateTest, LatestCheckpointCorruptStateIsCorruption) {
+TEST_F(StateFileTest, LatestCheckpointCorruptStateIsCorruption) {
   WriteText("checkpoint", "model_checkpoint_path: \"../escape\"\n");
   EXPECT_EQ(LatestCheckpoint(dir_).status().code(), StatusCode::kCorruption);
 }
 
-TEST_F(CheckpointStateTest, StateFileThatIsNotARegularFileIsCorruptionNotABlockingRead) {
+TEST_F(StateFileTest, StateFileThatIsNotARegularFileIsCorruptionNotABlockingRead) {
   ASSERT_EQ(::mkfifo(Path("checkpoint").c_str(), 0600), 0);
   Result<CheckpointState> read = GetCheckpointState(dir_);
   EXPECT_EQ(read.status().code(), StatusCode::kCorruption);

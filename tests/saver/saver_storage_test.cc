@@ -1,7 +1,7 @@
 // SaverStorage::Start (start-up recovery and garbage collection with the real validator) and
 // NewestCompleteStep, on real checkpoints written by the format's writer.
 
-#include "src/saver/saver_common.h"
+#include "src/saver/saver_storage.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -24,7 +24,7 @@
 #include "src/codec/codec.h"
 #include "src/format/format.h"
 #include "src/format/writer.h"
-#include "src/state/committed_steps.h"
+#include "src/state/checkpoint_validator.h"
 #include "tests/support/checkpoint_dir_test.h"
 #include "tests/support/checkpoint_files.h"
 #include "tests/support/files.h"
@@ -228,30 +228,9 @@ TEST_F(SaverStorageTest, StartPairsWithTheInputCheckpointsWhenAsked) {
   EXPECT_EQ(CommittedLooking(), (std::set<std::string>{Name(1), Name(3)}));
 }
 
-TEST_F(SaverStorageTest, PairedInputBasenameIsValidated) {
-  SaverOptions options = Options(1);
-  options.paired_input_basename = "a/b";
-  EXPECT_THAT(ValidateSaverOptions(options).message(), HasSubstr("paired_input_basename 'a/b'"));
-  options.paired_input_basename = kModel;
-  EXPECT_THAT(ValidateSaverOptions(options).message(), HasSubstr("must differ from basename"));
-  options.paired_input_basename = kInput;
-  EXPECT_TRUE(ValidateSaverOptions(options).ok());
+TEST_F(SaverStorageTest, InputStateFilesAreNamedAfterTheInputBasename) {
   EXPECT_EQ(InputStateFileForBasename(kInput), "checkpoint_input");
   EXPECT_EQ(InputStateFileForBasename("input_worker_1.ckpt"), "checkpoint_input_worker_1");
-}
-
-// The library, the command-line tool and Python share one floor: a chunk below one 4 KiB page
-// would be padded to a page in staging and, under O_DIRECT, in its data file.
-TEST_F(SaverStorageTest, ChunkBytesBelowOnePageIsRefusedWithTheFieldNamed) {
-  SaverOptions options = Options(1);
-  for (uint64_t refused : {uint64_t{4095}, uint64_t{0}}) {
-    options.chunk_bytes = refused;
-    const Status status = ValidateSaverOptions(options);
-    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << refused;
-    EXPECT_THAT(status.message(), HasSubstr("chunk_bytes")) << refused;
-  }
-  options.chunk_bytes = 4096;
-  EXPECT_TRUE(ValidateSaverOptions(options).ok()) << ValidateSaverOptions(options).ToString();
 }
 
 // ---- through a hook -----------------------------------------------------------------------------

@@ -1,0 +1,46 @@
+#pragma once
+
+// When a saver saves: TensorFlow CheckpointSaverHook's rules (SecondOrStepTimer), agreed across
+// the processes of a job under save_secs.
+
+#include <cstdint>
+#include <optional>
+
+#include "asyncckpt/coordinator.h"
+#include "asyncckpt/saver_options.h"
+#include "asyncckpt/status.h"
+#include "asyncckpt/timer.h"
+
+namespace asyncckpt {
+
+/// When to save: at the session's start, whenever the step/second timer fires after a step, and
+/// at the end when the last step was not saved.
+class SaveSchedule {
+ public:
+  /// Built from validated options.
+  static Result<SaveSchedule> Create(const SaverOptions& options);
+  /// True when a save is due after the step that made global step `step`, by this process's
+  /// clock.
+  bool due(int64_t step) const { return timer_.should_trigger_for_step(step); }
+  /// Whether a save is due after `step` in every process of the job: due(step) in a single
+  /// process, or with save_steps (every rank counts the same steps); under save_secs in a
+  /// multi-process job, rank 0's due(step), broadcast (a collective: every rank calls it after
+  /// every step, in step order), so that a rank with a skewed clock saves the same steps.
+  Result<bool> due_everywhere(int64_t step);
+  /// Records a save's attempt at `step`, saved or skipped: the next one is due N steps or
+  /// seconds later.
+  void mark(int64_t step) { (void)timer_.update_last_triggered_step(step); }
+  /// Records that the state of `step` was saved (a skipped save's was not).
+  void mark_saved(int64_t step) { last_saved_step_ = step; }
+  /// True when the end of the session must still save `step`: its state was not saved.
+  bool final_save_needed(int64_t step) const { return last_saved_step_ != step; }
+
+ private:
+  SaveSchedule(SecondOrStepTimer timer, Coordinator* agree_with)
+      : timer_(std::move(timer)), agree_with_(agree_with) {}
+  SecondOrStepTimer timer_;
+  Coordinator* agree_with_;  // the job's coordinator when the decision must be agreed, or null
+  std::optional<int64_t> last_saved_step_;
+};
+
+}  // namespace asyncckpt
