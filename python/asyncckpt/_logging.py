@@ -1,10 +1,11 @@
 """The C++ library's log lines, handed to Python's logging as logger "asyncckpt".
 
-The engine queues its lines (asyncckpt._core.capture_log) instead of printing them on stderr;
-``drain()`` passes them on, and the manager calls it after each of its calls, so a line
-logged on a background thread reaches logging by the next step at the latest. Retention and
-recovery are INFO; problems (failures, skipped saves, anything the library warns about) are
-WARNING, so that ``logging.getLogger("asyncckpt").setLevel(logging.WARNING)`` keeps only those.
+The engine queues its lines (asyncckpt._core.capture_log) instead of printing them on stderr,
+each with the level the library gave it: INFO for what it did as it should (retention,
+start-up clean-up, a restore, a recovery), WARNING for what is worth a look, ERROR for a failure
+or damage (a failed save, a quarantined checkpoint). ``drain()`` passes them on, and the manager
+calls it after each of its calls, so a line logged on a background thread reaches logging by
+the next step at the latest.
 """
 
 from __future__ import annotations
@@ -15,30 +16,12 @@ from . import _core
 
 logger = logging.getLogger("asyncckpt")
 
-# Lines that report what the library did as it should: retention, start-up clean-up, recovery.
-_INFO_PREFIXES = (
-    "retention removed ",
-    "removed ",
-    "start-up kept ",
-    "restored ",
-    "starting from step 0",
-    "no step of ",
-    "state file ",
-)
-
-
-def level_of(line: str) -> int:
-    """INFO for retention and recovery, WARNING for everything else."""
-    if line.lower().startswith("warning") or "failed" in line or "could not" in line:
-        return logging.WARNING
-    return logging.INFO if line.startswith(_INFO_PREFIXES) else logging.WARNING
-
 
 def drain() -> None:
-    """Logs every queued line of the library, oldest first."""
+    """Logs every queued line of the library at its level, oldest first."""
     lines, dropped = _core.take_log_lines()
-    for line in lines:
-        logger.log(level_of(line), "%s", line)
+    for level, line in lines:
+        logger.log(level, "%s", line)
     if dropped:
         logger.warning("%d log lines of the library were dropped (the queue was full)", dropped)
 

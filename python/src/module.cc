@@ -108,27 +108,42 @@ class LogQueue {
  public:
   static constexpr size_t kMaxQueuedLogLines = 10000;
 
-  void Push(std::string_view line) {
+  // A line and its level, as Python's logging numbers levels (INFO 20, WARNING 30, ERROR 40).
+  using Line = std::pair<int, std::string>;
+
+  void Push(LogLevel level, std::string_view line) {
     std::lock_guard lock(mu_);
     if (lines_.size() < kMaxQueuedLogLines) {
-      lines_.emplace_back(line);
+      lines_.emplace_back(PythonLevel(level), line);
     } else {
       ++dropped_;
     }
   }
 
   // The queued lines, oldest first, and how many were dropped because the queue was full.
-  std::pair<std::vector<std::string>, uint64_t> Take() {
+  std::pair<std::vector<Line>, uint64_t> Take() {
     std::lock_guard lock(mu_);
-    std::vector<std::string> out(std::make_move_iterator(lines_.begin()),
-                                 std::make_move_iterator(lines_.end()));
+    std::vector<Line> out(std::make_move_iterator(lines_.begin()),
+                          std::make_move_iterator(lines_.end()));
     lines_.clear();
     return {std::move(out), std::exchange(dropped_, 0)};
   }
 
  private:
+  static int PythonLevel(LogLevel level) {
+    switch (level) {
+      case LogLevel::kInfo:
+        return 20;
+      case LogLevel::kWarning:
+        return 30;
+      case LogLevel::kError:
+        return 40;
+    }
+    return 30;
+  }
+
   std::mutex mu_;
-  std::deque<std::string> lines_;
+  std::deque<Line> lines_;
   uint64_t dropped_ = 0;
 };
 
@@ -140,7 +155,7 @@ LogQueue& Log() {
 
 void CaptureLog(bool capture) {
   if (capture) {
-    SetLogSink([](std::string_view line) { Log().Push(line); });
+    SetLogSink([](LogLevel level, std::string_view line) { Log().Push(level, line); });
   } else {
     SetLogSink(nullptr);
   }
@@ -545,8 +560,8 @@ PYBIND11_MODULE(_core, m) {
         "True: queue the library's log lines for take_log_lines; False: print them on stderr.");
   m.def(
       "take_log_lines", [] { return Log().Take(); },
-      "(lines logged since the last call, oldest first; lines dropped because the queue was "
-      "full).");
+      "([(Python logging level, line)] logged since the last call, oldest first; lines "
+      "dropped because the queue was full).");
   m.def("cuda_available", &CudaAvailable,
         "True when this build has the CUDA device and a GPU is visible.");
   m.def("set_cuda_compute_stream", &SetComputeStream, py::arg("ordinal"), py::arg("stream"),

@@ -84,7 +84,7 @@ void CallBeforeRecovery(const std::vector<SessionRunHook*>& hooks) {
   for (size_t i = 0; i < hooks.size(); ++i) {
     Status status =
         Guard(HookName(i, "before_recovery()"), [&] { return hooks[i]->before_recovery(); });
-    if (!status.ok()) LogLine("MonitoredSession: " + status.ToString());
+    if (!status.ok()) LogWarning("MonitoredSession: " + status.ToString());
   }
 }
 
@@ -232,17 +232,17 @@ class MonitoredSessionBase::Impl {
                           std::to_string(max_in_a_row_) + "): " + error.message());
       }
       ++recoveries_in_a_row_;
-      LogLine("MonitoredSession: " + error.ToString() + " after step " +
-              std::to_string(global_step_) + "; re-creating the session (recovery " +
-              std::to_string(recoveries_in_a_row_) + " of at most " +
-              std::to_string(max_in_a_row_) + " in a row)");
+      LogWarning("MonitoredSession: " + error.ToString() + " after step " +
+                 std::to_string(global_step_) + "; re-creating the session (recovery " +
+                 std::to_string(recoveries_in_a_row_) + " of at most " +
+                 std::to_string(max_in_a_row_) + " in a row)");
       // Saves still in flight hold steps the loop already ran past: the creator must see them
       // committed, or it restores an older state (or none) than this job saved.
       CallBeforeRecovery(hooks_);
       Status created = CreateSession();
       if (created.ok()) {
         ++recoveries_;
-        LogLine("MonitoredSession: recovered; the session goes on from step " +
+        LogInfo("MonitoredSession: recovered; the session goes on from step " +
                 std::to_string(global_step_));
         return created;
       }

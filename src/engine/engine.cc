@@ -134,7 +134,7 @@ void Engine::Impl::RegisterStaging() {
   const io::IoStatus status = fs_->register_buffers(pieces);
   registered_ = status.ok();
   if (!status.ok() && status.error_number() != ENOTSUP) {
-    LogLine("staging buffers not registered for I/O: " + status.message());
+    LogWarning("staging buffers not registered for I/O: " + status.message());
   }
 }
 

@@ -564,9 +564,9 @@ void SaveGraph::Impl::Report(const SaveJob& save, bool committed) {
   try {
     on_done_(stats);
   } catch (const std::exception& e) {
-    LogLine("a listener threw after the save of " + save.final_name + ": " + e.what());
+    LogError("a listener threw after the save of " + save.final_name + ": " + e.what());
   } catch (...) {
-    LogLine("a listener threw after the save of " + save.final_name);
+    LogError("a listener threw after the save of " + save.final_name);
   }
 }
 

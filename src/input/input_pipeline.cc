@@ -129,9 +129,9 @@ Result<std::optional<int64_t>> NewestCompleteStep(const std::string& dir,
     if (input_steps.contains(*it)) return std::optional<int64_t>(*it);
   }
   if (!model.empty() || !input.empty()) {
-    LogLine("WARNING: " + dir + " holds " + std::to_string(model.size()) + " complete " +
-            model_basename + " and " + std::to_string(input.size()) + " complete " +
-            input_basename + " checkpoints, but no step has both");
+    LogWarning("" + dir + " holds " + std::to_string(model.size()) + " complete " + model_basename +
+               " and " + std::to_string(input.size()) + " complete " + input_basename +
+               " checkpoints, but no step has both");
   }
   return std::optional<int64_t>();
 }
@@ -210,8 +210,8 @@ class CheckpointInputPipelineHook::Impl {
     auto latest = LatestCheckpoint(dir, state_file_, core_->fs());
     if (latest.status().code() == StatusCode::kNotFound) return std::string();
     RETURN_IF_ERROR(latest.status());
-    LogLine("no input checkpoint for step " + std::to_string(start_step_) +
-            "; restoring the latest one, " + *latest);
+    LogWarning("no input checkpoint for step " + std::to_string(start_step_) +
+               "; restoring the latest one, " + *latest);
     return *latest;
   }
 
@@ -282,7 +282,7 @@ class CheckpointInputPipelineHook::Impl {
                                         "save it anyway");
     }
     if (options_.external_state_policy == ExternalStatePolicy::kWarn) {
-      LogLine("warning: " + why + "; its checkpoint will not resume exactly");
+      LogWarning("" + why + "; its checkpoint will not resume exactly");
     }
     return Status::OK();
   }
@@ -319,7 +319,7 @@ class CheckpointInputPipelineHook::Impl {
       RETURN_IF_ERROR(reader->read(info.name, bytes.data(), bytes.size()));
       RETURN_IF_ERROR(state.put(info.name, info.dtype, info.shape, bytes));
     }
-    LogLine("restored the input pipeline from " + path);
+    LogInfo("restored the input pipeline from " + path);
     return iterator_->restore(state).WithContext("restoring the input iterator from " + path);
   }
 

@@ -86,7 +86,7 @@ class CheckpointSessionCreator::Impl {
     if (restores_ == 0 && !first) {
       // Every session so far started afresh, so what is there past step 0 is this job's own,
       // and its model saves are still in flight: start again, nothing to train over.
-      LogLine("no step of " + options_.checkpoint_dir +
+      LogInfo("no step of " + options_.checkpoint_dir +
               " has both checkpoints committed yet; the session starts again from step 0");
     } else {
       RETURN_IF_ERROR(StartFresh(/*job_start=*/first));
@@ -149,7 +149,7 @@ class CheckpointSessionCreator::Impl {
       said += "; the input pipeline resumes from " +
               format::CheckpointDirName(options_.input_basename, step);
     }
-    LogLine(said);
+    LogInfo(said);
     return step;
   }
 
@@ -170,7 +170,7 @@ class CheckpointSessionCreator::Impl {
             ". Inspect them (asyncckpt verify), restore a good copy, or delete them or "
             "allow a fresh start (allow_fresh_start); see docs/durability.md");
       }
-      LogLine("starting from step 0 as allowed (allow_fresh_start): " + what);
+      LogWarning("starting from step 0 as allowed (allow_fresh_start): " + what);
       return Status::OK();
     }
     if (found.past_step_zero(/*count_input=*/!job_start)) {
@@ -182,10 +182,10 @@ class CheckpointSessionCreator::Impl {
             "; starting from step 0 would train over them. Repair the state files, or allow "
             "a fresh start (allow_fresh_start)");
       }
-      LogLine("starting from step 0 as allowed (allow_fresh_start): " + what);
+      LogWarning("starting from step 0 as allowed (allow_fresh_start): " + what);
     } else if (!found.empty()) {
-      LogLine("starting from step 0: " + options_.checkpoint_dir + " holds only " +
-              DescribeFound(found) + ", no model checkpoint past the initial state");
+      LogWarning("starting from step 0: " + options_.checkpoint_dir + " holds only " +
+                 DescribeFound(found) + ", no model checkpoint past the initial state");
     }
     return Status::OK();
   }

@@ -68,12 +68,12 @@ bool ByPosition(const ChunkFailure& a, const ChunkFailure& b) {
 
 void LogFallbackOnce(const std::string& reason) {
   static std::once_flag once;
-  if (!reason.empty()) std::call_once(once, [&] { LogLine("checkpoint reader: " + reason); });
+  if (!reason.empty()) std::call_once(once, [&] { LogWarning("checkpoint reader: " + reason); });
 }
 
 void LogDirectFallbackOnce(const std::string& reason) {
   static std::once_flag once;
-  std::call_once(once, [&] { LogLine("checkpoint reader: " + reason); });
+  std::call_once(once, [&] { LogWarning("checkpoint reader: " + reason); });
 }
 
 // "N bytes (X.Y GiB)" for a message about memory.

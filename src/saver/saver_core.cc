@@ -149,7 +149,7 @@ Result<CoreSaveResult> SaverCore::Save(CoreSaveRequest request) {
     if (submitted.outcome == SubmitOutcome::kSkipped) ++totals_.saves_skipped;
   }
   if (submitted.outcome == SubmitOutcome::kSkipped) {
-    LogLine("skipped the save of step " + std::to_string(step) + ": staging is still busy");
+    LogWarning("skipped the save of step " + std::to_string(step) + ": staging is still busy");
     return CoreSaveResult{};
   }
   schedule_.mark_saved(step);
@@ -213,7 +213,7 @@ Status SaverCore::Deliver(RunContext* context) {
     if (options().on_error == OnError::kStop) {
       if (first_error_.ok()) first_error_ = failure;
     } else {
-      LogLine(setup_.save_noun + " failed; training goes on: " + failure.ToString());
+      LogError(setup_.save_noun + " failed; training goes on: " + failure.ToString());
     }
   }
   unreported_failures_.clear();

@@ -54,7 +54,7 @@ Status RefuseSilentFreshStart(const SaverOptions& options, const StartupReport& 
                            options.basename +
                            " checkpoint, only damaged ones, quarantined: " + names;
   if (options.allow_fresh_start) {
-    LogLine("starting from step 0 as allowed (allow_fresh_start): " + what);
+    LogWarning("starting from step 0 as allowed (allow_fresh_start): " + what);
     return Status::OK();
   }
   return Status::FailedPrecondition(
@@ -76,7 +76,7 @@ void SaverStorage::OpenFileSystem(const SaverOptions& options) {
     std::string fallback;
     owned_fs = io::NewDefaultFileSystem(io::IoOptions{.force_posix_io = options.force_posix_io},
                                         &fallback);
-    if (!fallback.empty()) LogLine(fallback);
+    if (!fallback.empty()) LogWarning(fallback);
     fs = owned_fs.get();
   }
 }

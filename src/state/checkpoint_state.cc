@@ -81,13 +81,19 @@ Status CheckpointManager::RecordCommittedLeavingRemovals(const std::string& name
   return Status::OK();
 }
 
+std::string CheckpointManager::Describe(const std::string& name) const {
+  const std::optional<int64_t> step = CheckpointStep(name, basename_);
+  const std::string path = JoinCheckpointPath(dir_, name);
+  return step ? "step " + std::to_string(*step) + " (" + path + ")" : path;
+}
+
 bool CheckpointManager::RemoveRenamed() {
-  std::vector<std::string> renamed;
+  std::vector<std::pair<std::string, std::string>> renamed;
   {
     std::lock_guard lock(mu_);
     renamed.swap(renamed_);
   }
-  for (const std::string& path : renamed) {
+  for (const auto& [name, path] : renamed) {
     std::string failure;
     try {
       const io::IoStatus removed = fs_->remove_tree(path);
@@ -97,11 +103,11 @@ bool CheckpointManager::RemoveRenamed() {
     }
     if (!failure.empty()) {
       ++retention_failures_;
-      LogLine("retention could not remove " + path +
-              " (out of the committed namespace already; the next start retries): " + failure);
+      LogWarning("retention could not remove " + path +
+                 " (out of the committed namespace already; the next start retries): " + failure);
       continue;
     }
-    LogLine("retention removed " + path);
+    LogInfo("retention removed " + Describe(name));
   }
   return !renamed.empty();
 }
@@ -119,7 +125,7 @@ std::set<int64_t> CheckpointManager::PartnerStepsLocked() {
   } else if (read.status().code() == StatusCode::kNotFound) {
     partner_steps_.clear();  // the partner has committed nothing yet
   } else {
-    LogLine(
+    LogWarning(
         "retention could not read the partner's state file; protecting the pairs it listed "
         "before: " +
         read.status().ToString());
@@ -170,22 +176,22 @@ void CheckpointManager::DeleteCheckpointLocked(const std::string& name, bool lea
   io::IoStatus typed = fs_->entry_type(path, &type);
   if (typed.ok() && type == io::EntryType::kNone) return;  // already gone
   if (typed.ok() && type != io::EntryType::kDirectory) {
-    LogLine("retention left " + path + " alone: it is " + DescribeEntryType(type) +
-            ", not a checkpoint directory this library wrote");
+    LogWarning("retention left " + path + " alone: it is " + DescribeEntryType(type) +
+               ", not a checkpoint directory this library wrote");
     return;
   }
   io::EntryType index_type = io::EntryType::kNone;
   if (typed.ok()) typed = fs_->entry_type(JoinCheckpointPath(path, "index"), &index_type);
   if (typed.ok() && index_type != io::EntryType::kFile) {
-    LogLine("retention left " + path +
-            " alone: it holds no index file, so this library did not write it as it is");
+    LogWarning("retention left " + path +
+               " alone: it holds no index file, so this library did not write it as it is");
     return;
   }
   Status removed = ToStatus(typed);
   if (typed.ok() && leave_removals) {
     Result<std::string> renamed = RenameForDeletion(*fs_, dir_, name);
     if (renamed.ok()) {
-      renamed_.push_back(std::move(renamed).value());
+      renamed_.emplace_back(name, std::move(renamed).value());
       return;
     }
     removed = renamed.status();
@@ -194,12 +200,12 @@ void CheckpointManager::DeleteCheckpointLocked(const std::string& name, bool lea
   }
   if (!removed.ok()) {
     ++retention_failures_;
-    LogLine(
+    LogWarning(
         "retention could not remove " + path +
         " (the save that dropped it is committed; the next start retries): " + removed.ToString());
     return;
   }
-  LogLine("retention removed " + path);
+  LogInfo("retention removed " + Describe(name));
 }
 
 void CheckpointManager::Pin(const std::string& name) {
@@ -211,7 +217,7 @@ void CheckpointManager::Unpin(const std::string& name) {
   std::lock_guard lock(mu_);
   auto pin = pins_.find(name);
   if (pin == pins_.end()) {
-    LogLine("Unpin of checkpoint " + name + " in " + dir_ + " that is not pinned");
+    LogError("Unpin of checkpoint " + name + " in " + dir_ + " that is not pinned");
     return;
   }
   if (--pin->second > 0) return;

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "asyncckpt/file_system.h"
@@ -205,6 +206,8 @@ class CheckpointManager {
   };
 
   CheckpointState StateLocked() const;
+  // "step <N> (<dir>/<name>)" for a log line: retention is read in steps.
+  std::string Describe(const std::string& name) const;
   // The partner's steps from its state file; on a read failure, the last ones read.
   std::set<int64_t> PartnerStepsLocked();
   // Drops what retention drops; returns those to delete.
@@ -236,7 +239,8 @@ class CheckpointManager {
   // Dropped and no longer named by the state file, but pinned: deleted by the last Unpin.
   std::set<std::string> deferred_deletions_;
   // ".deleting-" paths renamed durably, their trees not removed yet (RemoveRenamed).
-  std::vector<std::string> renamed_;
+  // Checkpoints renamed out of the committed names, to remove: (name, path renamed to).
+  std::vector<std::pair<std::string, std::string>> renamed_;
   std::set<int64_t> partner_steps_;             // at the last good read of the partner's state file
   std::atomic<int64_t> retention_failures_{0};  // read without mu_: a deletion may hold it long
 };

@@ -76,12 +76,12 @@ void RemoveFailedSave(io::FileSystem& fs, const std::string& checkpoint_dir,
     }
     const io::IoStatus removed = fs.remove_tree(tmp_path);
     if (!removed.ok()) {
-      LogLine("could not remove " + tmp_path + " of a failed save: " + removed.message());
+      LogWarning("could not remove " + tmp_path + " of a failed save: " + removed.message());
     }
   } catch (const std::exception& e) {
-    LogLine("removing " + tmp_path + " of a failed save threw: " + e.what());
+    LogWarning("removing " + tmp_path + " of a failed save threw: " + e.what());
   } catch (...) {
-    LogLine("removing " + tmp_path + " of a failed save threw");
+    LogWarning("removing " + tmp_path + " of a failed save threw");
   }
 }
 

@@ -111,15 +111,15 @@ Result<std::vector<int64_t>> ListCommittedSteps(io::FileSystem& fs, const std::s
     if (valid.ok()) {
       steps.push_back(*step);
     } else if (Classify(valid.status()) == Verdict::kUnknown) {
-      LogLine("cannot tell whether " + path +
-              " is complete; not counted: " + valid.status().ToString());
+      LogWarning("cannot tell whether " + path +
+                 " is complete; not counted: " + valid.status().ToString());
     }
   }
   std::sort(steps.begin(), steps.end());
   if (!steps.empty()) {
-    LogLine("WARNING: " + problem + "; using the " + std::to_string(steps.size()) + " complete " +
-            basename + " checkpoints found in " + dir + " instead (newest: step " +
-            std::to_string(steps.back()) + ")");
+    LogWarning("" + problem + "; using the " + std::to_string(steps.size()) + " complete " +
+               basename + " checkpoints found in " + dir + " instead (newest: step " +
+               std::to_string(steps.back()) + ")");
   }
   return steps;
 }

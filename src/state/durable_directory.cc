@@ -29,8 +29,8 @@ Status ReplaceByTwoRenames(io::FileSystem& fs, const std::string& parent,
   if (!moved.ok()) {
     const io::IoStatus restored = fs.rename(*old_path, final_path);
     if (!restored.ok()) {
-      LogLine("could not put " + final_path + " back from " + *old_path + ": " +
-              restored.message());
+      LogError("could not put " + final_path + " back from " + *old_path + ": " +
+               restored.message());
     }
     return ToStatus(moved);
   }
@@ -93,8 +93,8 @@ Status CommitDirectory(io::FileSystem& fs, const std::string& parent, const std:
   if (!old_path.empty()) {
     const io::IoStatus removed = fs.remove_tree(old_path);
     if (!removed.ok()) {
-      LogLine("committed " + final_path + " but could not remove its previous copy (the next " +
-              "start removes it): " + removed.message());
+      LogWarning("committed " + final_path + " but could not remove its previous copy (the next " +
+                 "start removes it): " + removed.message());
     }
   }
   return Status::OK();

@@ -186,8 +186,8 @@ class Share {
     const std::string text = std::to_string(rank) + "\n" + why.message();
     const Status written = WriteText(fs_, tmp_path_, kShardAbortFileName, text);
     if (!written.ok()) {
-      LogLine("could not tell the other ranks that " + request_.final_name +
-              " failed (they will time out): " + written.message());
+      LogWarning("could not tell the other ranks that " + request_.final_name +
+                 " failed (they will time out): " + written.message());
     }
     return {why.WithContext(request_.final_name), false, rank};
   }
@@ -197,8 +197,9 @@ class Share {
     const Status written =
         WriteText(fs_, tmp_path_, ShardFailedFileName(request_.rank), why.message());
     if (!written.ok()) {
-      LogLine("could not tell rank 0 that rank " + std::to_string(request_.rank) + "'s share of " +
-              request_.final_name + " failed (it will time out): " + written.message());
+      LogWarning("could not tell rank 0 that rank " + std::to_string(request_.rank) +
+                 "'s share of " + request_.final_name +
+                 " failed (it will time out): " + written.message());
     }
   }
 

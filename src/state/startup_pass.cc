@@ -35,13 +35,15 @@ Status StartupPass::Run() {
 void StartupPass::Quarantine(const std::string& name, const std::string& why) {
   const Result<std::string> moved = QuarantineDirectory(fs_, options_.checkpoint_dir, name);
   if (!moved.ok()) {
-    Fail("ERROR: " + Path(name) + " is damaged (" + why +
-         ") and start-up could not quarantine it: " + moved.status().ToString());
+    const std::string what = Path(name) + " is damaged (" + why +
+                             ") and start-up could not quarantine it: " + moved.status().ToString();
+    LogError(what);
+    report_.failures.push_back(what);
     return;
   }
-  LogLine("ERROR: checkpoint " + Path(name) + " is damaged (" + why + "); quarantined it as " +
-          Path(*moved) +
-          ", kept for inspection and never removed automatically (see docs/durability.md)");
+  LogError("checkpoint " + Path(name) + " is damaged (" + why + "); quarantined it as " +
+           Path(*moved) +
+           ", kept for inspection and never removed automatically (see docs/durability.md)");
   report_.quarantined.push_back(*moved);
 }
 
@@ -52,7 +54,7 @@ void StartupPass::QuarantineListed() {
 }
 
 void StartupPass::Fail(const std::string& what) {
-  LogLine(what);
+  LogWarning(what);
   report_.failures.push_back(what);
 }
 
@@ -91,8 +93,8 @@ void StartupPass::RemoveLeftovers(const std::vector<std::string>& names) {
     const io::EntryType expected =
         directory_kind ? io::EntryType::kDirectory : io::EntryType::kFile;
     if (status.ok() && type != expected) {
-      LogLine("start-up left " + Path(name) + " alone: it is " + DescribeEntryType(type) +
-              ", which this library never writes under that name");
+      LogWarning("start-up left " + Path(name) + " alone: it is " + DescribeEntryType(type) +
+                 ", which this library never writes under that name");
       continue;
     }
     if (status.ok())
@@ -101,14 +103,14 @@ void StartupPass::RemoveLeftovers(const std::vector<std::string>& names) {
       Fail("start-up could not remove " + Path(name) + ": " + status.message());
       continue;
     }
-    LogLine("removed " + Path(name) + ", left by an interrupted save or deletion");
+    LogInfo("removed " + Path(name) + ", left by an interrupted save or deletion");
     report_.removed.push_back(name);
   }
 }
 
 void StartupPass::Drop(const std::string& name, const std::string& why) {
-  LogLine("state file " + Path(options_.state_file_name) + " named " + name + ", which " + why +
-          "; dropped it from the list");
+  LogWarning("state file " + Path(options_.state_file_name) + " named " + name + ", which " + why +
+             "; dropped it from the list");
   report_.dropped.push_back(name);
 }
 
@@ -195,8 +197,8 @@ void StartupPass::CollectUnlisted(const std::vector<std::string>& names) {
     }
     if (type != io::EntryType::kDirectory) {
       if (type != io::EntryType::kNone) {
-        LogLine("start-up left " + Path(name) + " alone: it is " + DescribeEntryType(type) +
-                ", not a checkpoint directory");
+        LogWarning("start-up left " + Path(name) + " alone: it is " + DescribeEntryType(type) +
+                   ", not a checkpoint directory");
       }
       continue;
     }
@@ -222,7 +224,7 @@ void StartupPass::Remove(const std::string& name, const std::string& what) {
     Fail("start-up could not remove " + Path(name) + ", " + what + ": " + removed.ToString());
     return;
   }
-  LogLine("removed " + Path(name) + ", " + what);
+  LogInfo("removed " + Path(name) + ", " + what);
   report_.removed.push_back(name);
 }
 
@@ -256,7 +258,7 @@ void StartupPass::RelistOrRemoveUnlisted() {
     if (inside || room || paired.contains(entry.step)) {
       relist.push_back(entry);
     } else if (options_.keep_checkpoint_every_n_hours > 0) {
-      LogLine("start-up kept " + Path(entry.name) +
+      LogInfo("start-up kept " + Path(entry.name) +
               " on disk unlisted: it is older than the retained checkpoints, and "
               "keep_checkpoint_every_n_hours may have preserved it");
       report_.kept_unlisted.push_back(entry.name);
@@ -266,8 +268,8 @@ void StartupPass::RelistOrRemoveUnlisted() {
   }
   std::reverse(relist.begin(), relist.end());  // oldest first
   for (Listed& entry : relist) {
-    LogLine("start-up listed " + Path(entry.name) + " again in " + Path(options_.state_file_name) +
-            ": it is complete but was not listed");
+    LogWarning("start-up listed " + Path(entry.name) + " again in " +
+               Path(options_.state_file_name) + ": it is complete but was not listed");
     report_.relisted.push_back(entry.name);
     const auto at = std::find_if(list_.begin(), list_.end(),
                                  [&](const Listed& listed) { return listed.step > entry.step; });
@@ -314,18 +316,18 @@ Result<StartupReport> CheckpointManager::Start() {
     report.rebuilt_because = pass.state_problem();
     std::vector<std::string> names;
     for (const Entry& entry : entries_) names.push_back(entry.name);
-    LogLine("WARNING: " + pass.state_problem() + "; rebuilt the list of " + basename_ +
-            " checkpoints in " + dir_ + " from the complete ones on disk: " + JoinNames(names));
+    LogWarning("" + pass.state_problem() + "; rebuilt the list of " + basename_ +
+               " checkpoints in " + dir_ + " from the complete ones on disk: " + JoinNames(names));
   } else if (!pass.state_problem().empty() && pass.state_file_present()) {
-    LogLine("WARNING: " + pass.state_problem() + ", and none is on disk: starting with no " +
-            basename_ + " checkpoint in " + dir_);
+    LogWarning("" + pass.state_problem() + ", and none is on disk: starting with no " + basename_ +
+               " checkpoint in " + dir_);
   }
   if (pass.changed()) {
     const Status written = WriteCheckpointState(*fs_, dir_, StateLocked(), state_file_name_);
     if (!written.ok()) {
       const std::string what =
           "start-up could not rewrite the state file (the next save does): " + written.ToString();
-      LogLine(what);
+      LogWarning(what);
       report.failures.push_back(what);
     }
   }

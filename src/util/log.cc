@@ -1,4 +1,4 @@
-// The logger behind LogLine and SetLogSink: stderr, or the sink set last.
+// The logger behind Log and SetLogSink: stderr, or the sink set last.
 
 #include "src/util/log.h"
 
@@ -19,12 +19,26 @@ LogSinkFunction& LogSink() {
 }
 }  // namespace
 
-void LogLine(std::string_view message) {
+std::string_view LogLevelName(LogLevel level) {
+  switch (level) {
+    case LogLevel::kInfo:
+      return "INFO";
+    case LogLevel::kWarning:
+      return "WARNING";
+    case LogLevel::kError:
+      return "ERROR";
+  }
+  return "INFO";
+}
+
+void Log(LogLevel level, std::string_view message) {
   std::lock_guard lock(LogMutex());
   if (LogSink()) {
-    LogSink()(message);
-  } else {
+    LogSink()(level, message);
+  } else if (level == LogLevel::kInfo) {
     std::cerr << "asyncckpt: " << message << '\n';
+  } else {
+    std::cerr << "asyncckpt: " << LogLevelName(level) << ": " << message << '\n';
   }
 }
 

@@ -552,13 +552,13 @@ void PrintTo(const RecoveryCase& c, std::ostream* os) {
 class LogCapture {
  public:
   LogCapture() {
-    previous_ = SetLogSink([this](std::string_view line) { lines_.emplace_back(line); });
+    previous_ = SetLogSink([this](LogLevel, std::string_view line) { lines_.emplace_back(line); });
   }
   ~LogCapture() { SetLogSink(previous_); }
   const std::vector<std::string>& lines() const { return lines_; }
 
  private:
-  std::function<void(std::string_view)> previous_;
+  LogSinkFunction previous_;
   std::vector<std::string> lines_;
 };
 

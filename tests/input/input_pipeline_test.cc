@@ -62,7 +62,7 @@ bool IsDir(const std::string& path) {
 class LogCapture {
  public:
   LogCapture() {
-    previous_ = SetLogSink([this](std::string_view line) {
+    previous_ = SetLogSink([this](LogLevel, std::string_view line) {
       std::lock_guard lock(mu_);
       lines_.emplace_back(line);
     });
@@ -83,7 +83,7 @@ class LogCapture {
   }
 
  private:
-  std::function<void(std::string_view)> previous_;
+  LogSinkFunction previous_;
   mutable std::mutex mu_;
   std::vector<std::string> lines_;
 };

@@ -52,7 +52,7 @@ class CounterIterator final : public SaveableIterator {
 class LogCapture {
  public:
   LogCapture() {
-    previous_ = SetLogSink([this](std::string_view line) {
+    previous_ = SetLogSink([this](LogLevel, std::string_view line) {
       std::lock_guard lock(mu_);
       all_ += std::string(line) + "\n";
     });
@@ -64,7 +64,7 @@ class LogCapture {
   }
 
  private:
-  std::function<void(std::string_view)> previous_;
+  LogSinkFunction previous_;
   mutable std::mutex mu_;
   std::string all_;
 };

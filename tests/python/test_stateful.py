@@ -232,10 +232,16 @@ def test_the_library_logs_through_python_logging(ckpt_dir, caplog, capfd):
                for r in caplog.records), [r.getMessage() for r in caplog.records]
 
 
-def test_problems_are_warnings():
-    from asyncckpt import _logging
-
-    assert _logging.level_of("WARNING: the state file is damaged") == logging.WARNING
-    assert _logging.level_of("skipped the save of step 5: staging is still busy") == \
-        logging.WARNING
-    assert _logging.level_of("retention removed /c/model.ckpt-1") == logging.INFO
+def test_a_quarantined_checkpoint_is_an_error_record_without_a_prefix_of_its_own(ckpt_dir,
+                                                                               caplog):
+    with asyncckpt.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, {"w": np.ones(2)})
+    (ckpt_dir / "model.ckpt-1" / "index").write_bytes(b"not an index")
+    caplog.set_level(logging.ERROR, logger="asyncckpt")  # what a user keeps to see problems
+    with asyncckpt.CheckpointManager(ckpt_dir, allow_fresh_start=True) as manager:
+        manager.save(2, {"w": np.ones(2)})  # the start-up pass quarantines at the first save
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in caplog.records]
+    message = errors[0].getMessage()
+    assert "model.ckpt-1" in message and "quarantined" in message
+    assert not message.startswith(("ERROR", "WARNING")), message

@@ -653,7 +653,7 @@ TEST_F(ReaderTest, DefaultBackendReadsTheSameBytes) {
   format::HostTensor a = Make("a", DType::kF32, {3000});
   Write({a});
   std::vector<std::string> logged;
-  auto previous = SetLogSink([&](std::string_view line) { logged.emplace_back(line); });
+  auto previous = SetLogSink([&](LogLevel, std::string_view line) { logged.emplace_back(line); });
   Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir_);
   SetLogSink(previous);
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();

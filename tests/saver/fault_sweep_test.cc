@@ -72,7 +72,7 @@ constexpr Fault kFaults[] = {
 class LogCapture {
  public:
   LogCapture() {
-    previous_ = SetLogSink([this](std::string_view line) {
+    previous_ = SetLogSink([this](LogLevel, std::string_view line) {
       std::lock_guard lock(mu_);
       lines_ += std::string(line) + "\n";
     });
@@ -84,7 +84,7 @@ class LogCapture {
   }
 
  private:
-  std::function<void(std::string_view)> previous_;
+  LogSinkFunction previous_;
   std::mutex mu_;
   std::string lines_;
 };

@@ -59,7 +59,7 @@ TEST(SaveMemoryTest, TwoThousandAsyncSavesKeepTheHeapFlat) {
   options.max_to_keep = 1;
   options.num_data_files = 1;
   options.use_o_direct = false;
-  auto previous = SetLogSink([](std::string_view) {});  // retention logs every save
+  auto previous = SetLogSink([](LogLevel, std::string_view) {});  // retention logs every save
   {
     auto checkpointer = Checkpointer::Create(options);
     ASSERT_TRUE(checkpointer.ok()) << checkpointer.status().ToString();

@@ -220,7 +220,7 @@ TEST_F(CheckpointStateTest, RetentionFailureIsLoggedAndCountedNotReturned) {
   faulty_->set_fault(
       [](const std::string& op, const std::string&) { return op == "remove_tree" ? EACCES : 0; });
   std::vector<std::string> logged;
-  auto previous = SetLogSink([&](std::string_view line) { logged.emplace_back(line); });
+  auto previous = SetLogSink([&](LogLevel, std::string_view line) { logged.emplace_back(line); });
   const Status status = manager->RecordCommitted(Name(2), 2);
   SetLogSink(std::move(previous));
   EXPECT_TRUE(status.ok()) << status.ToString();
@@ -294,7 +294,7 @@ TEST_F(CheckpointStateTest, UnpinOfARetainedCheckpointDeletesNothing) {
   manager->Pin(Name(1));
   manager->Unpin(Name(1));
   std::vector<std::string> logged;
-  auto previous = SetLogSink([&](std::string_view line) { logged.emplace_back(line); });
+  auto previous = SetLogSink([&](LogLevel, std::string_view line) { logged.emplace_back(line); });
   manager->Unpin(Name(1));  // unbalanced: logged and ignored
   SetLogSink(std::move(previous));
   ASSERT_EQ(logged.size(), 1u);

@@ -42,14 +42,15 @@ class StartupPassTest : public StateDirTest {};
 class CapturedLog {
  public:
   CapturedLog()
-      : previous_(
-            SetLogSink([this](std::string_view line) { text_ += std::string(line) + "\n"; })) {}
+      : previous_(SetLogSink([this](LogLevel level, std::string_view line) {
+          text_ += std::string(LogLevelName(level)) + ": " + std::string(line) + "\n";
+        })) {}
   ~CapturedLog() { SetLogSink(std::move(previous_)); }
   const std::string& text() const { return text_; }
 
  private:
   std::string text_;
-  std::function<void(std::string_view)> previous_;
+  LogSinkFunction previous_;
 };
 
 // ---- recovery -----------------------------------------------------------------------------------
@@ -116,7 +117,9 @@ TEST_F(StartupPassTest, StartRebuildsACorruptStateFileFromTheDirectory) {
   WriteText("checkpoint", corrupt);
   auto manager = NewManager(2);
   std::vector<std::string> logged;
-  auto previous = SetLogSink([&](std::string_view line) { logged.emplace_back(line); });
+  auto previous = SetLogSink([&](LogLevel level, std::string_view line) {
+    logged.push_back(std::string(LogLevelName(level)) + ": " + std::string(line));
+  });
   Result<StartupReport> report = manager->Start();
   SetLogSink(std::move(previous));
   ASSERT_TRUE(report.ok()) << report.status().ToString();
@@ -191,7 +194,7 @@ TEST_F(StartupPassTest, StartLogsAndReportsAFailedRemovalButDoesNotFail) {
 
 TEST_F(StartupPassTest, FreshDirectoryStartsEmptyAndSilently) {
   std::vector<std::string> logged;
-  auto previous = SetLogSink([&](std::string_view line) { logged.emplace_back(line); });
+  auto previous = SetLogSink([&](LogLevel, std::string_view line) { logged.emplace_back(line); });
   Result<StartupReport> report = NewManager(3)->Start();
   SetLogSink(std::move(previous));
   ASSERT_TRUE(report.ok()) << report.status().ToString();
