@@ -85,9 +85,16 @@ class Checkpointer {
   Result<bool> maybe_save(int64_t step, const TensorRegistry& registry,
                           const std::map<std::string, std::string>& user_metadata = {});
 
-  /// Blocks until every save so far is committed or failed; with OnError::kStop, the first
-  /// failure (see the class comment).
+  /// Blocks until every save so far is committed (durable) or failed; with OnError::kStop, the
+  /// first failure (see the class comment). Retention's removal of the checkpoints those saves
+  /// dropped goes on in the background (close() waits for it).
   Status wait_until_finished();
+
+  /// Blocks until `finished` saves in all have committed or failed (totals().saves_committed +
+  /// saves_failed), or `timeout_seconds` passed (negative: no limit); true when they have. Saves
+  /// finish in the order they were made, so the n-th save is done once n have finished. Any
+  /// thread; reports no failure (wait_until_finished does).
+  bool wait_for_finished_saves(int64_t finished, double timeout_seconds) const;
 
   /// wait_until_finished(), then refuses further saves (FailedPrecondition) and releases the
   /// directory lock, so that another checkpointer may take checkpoint_dir; all_steps(), open()

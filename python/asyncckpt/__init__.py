@@ -17,18 +17,22 @@ logging.getLogger("asyncckpt").
 
 from . import _logging
 from ._core import CheckpointError, cuda_available
+from ._saves import SaveFuture, SaveStats, Stats
+from ._step_metadata import StepMetadata
 from ._steps import StepAlreadyExistsError
 from ._version import __version__
-from .manager import CheckpointManager, SaveStats, Stats, latest_checkpoint, load
+from .manager import CheckpointManager, latest_checkpoint, load
 
 _logging.capture()
 
 __all__ = [
     "CheckpointError",
     "CheckpointManager",
+    "SaveFuture",
     "SaveStats",
     "Stats",
     "StepAlreadyExistsError",
+    "StepMetadata",
     "__version__",
     "cuda_available",
     "latest_checkpoint",

@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import inspect
 import os
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any, Union
 
-from . import _core, _dtypes, _logging, _pickled, _stateful, _steps, _streams, _tree
+from . import (
+    _core,
+    _dtypes,
+    _logging,
+    _pickled,
+    _saves,
+    _stateful,
+    _step_metadata,
+    _steps,
+    _streams,
+    _tree,
+)
+from ._saves import SaveFuture, Stats
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Mapping
     from types import TracebackType
 
     import torch
@@ -22,54 +33,6 @@ if TYPE_CHECKING:
 StrPath = Union[str, "os.PathLike[str]"]
 
 CheckpointError = _core.CheckpointError
-
-
-@dataclasses.dataclass(frozen=True)
-class SaveStats:
-    """What one save did (the C++ SaveStats). Times in seconds."""
-
-    step: int
-    path: str  #: the committed checkpoint directory ("" when the save failed before its commit)
-    ok: bool
-    error: str | None  #: why it failed, or None
-    bytes_raw: int  #: bytes of tensor data
-    bytes_stored: int  #: bytes written to data files
-    chunks_by_codec: dict[str, int]  #: chunks written per codec ("raw", "zstd", "shuffle+zstd")
-    final_level: int  #: zstd level at the end of the save (the engine may lower it under load)
-    switched_to_raw: bool  #: the engine stored the rest raw because encoding was the bottleneck
-    blocked_seconds: float  #: time the training thread was blocked by this save
-    seconds_to_durable: float  #: from the start of the save until it was durable and committed
-
-
-@dataclasses.dataclass(frozen=True)
-class Stats:
-    """Totals over a manager's life, and every save's SaveStats in step order."""
-
-    saves_committed: int
-    saves_failed: int
-    saves_skipped: int  #: maybe_save skipped because staging was busy (on_busy="skip")
-    blocked_seconds_total: float
-    blocked_seconds_max: float
-    bytes_raw: int
-    bytes_stored: int
-    staging_high_water_bytes: int
-    stale_temporaries_removed: list[str]  #: temporaries of interrupted saves removed at start
-    saves: list[SaveStats]
-    startup_seconds: float = 0.0  #: creating engines and pinned staging (prepare or a save)
-
-
-def _stats(totals: _core.TotalsDict) -> Stats:
-    """The Stats of the C++ totals."""
-    return Stats(
-        saves_committed=totals["saves_committed"], saves_failed=totals["saves_failed"],
-        saves_skipped=totals["saves_skipped"],
-        blocked_seconds_total=totals["blocked_seconds_total"],
-        blocked_seconds_max=totals["blocked_seconds_max"], bytes_raw=totals["bytes_raw"],
-        bytes_stored=totals["bytes_stored"],
-        staging_high_water_bytes=totals["staging_high_water_bytes"],
-        stale_temporaries_removed=totals["stale_temporaries_removed"],
-        saves=[SaveStats(**save) for save in totals["saves"]],
-        startup_seconds=totals["startup_seconds"])
 
 
 def _close_quietly(core: _core.Checkpointer) -> None:
@@ -187,11 +150,11 @@ class CheckpointManager:
         self._copying_gpus: set[int] = set()  # GPUs whose copies no stream waited for yet
         self._directory = os.fspath(directory)
         self._on_error = saver_options.on_error
-        self._failures_seen = 0
         self._allow_fresh_start = saver_options.allow_fresh_start
         self._core = _core.Checkpointer(self._directory, saver_options, bool(asynchronous))
         self._closed = False
         self._finalizer = weakref.finalize(self, _close_quietly, self._core)
+        self._saves = _saves.SaveTracker(self._core)
         self._ledger = _steps.StepLedger(self._core.latest_step())
         self._last_submitted: int | None = None
         _logging.drain()
@@ -199,25 +162,33 @@ class CheckpointManager:
     # ---- saving ----------------------------------------------------------------------------
 
     def save(self, step: int, state: object, *, force: bool = False,
-             allow_pickle: bool = False) -> None:
-        """Saves ``state`` as checkpoint ``step`` now.
+             metrics: Mapping[str, object] | None = None,
+             metadata: Mapping[str, object] | None = None,
+             allow_pickle: bool = False) -> SaveFuture:
+        """Saves ``state`` as checkpoint ``step`` now, and returns the save's SaveFuture.
 
-        Returns once the state may change again (asynchronous: after the snapshot copy).
+        Returns once the state may change again (asynchronous: after the snapshot copy; the
+        future tells when the checkpoint is durable, and the save's own error if it failed).
         ``step`` must be above every step saved so far (StepAlreadyExistsError otherwise)
-        unless ``force``. ``allow_pickle`` stores values with no exact form (see load()).
+        unless ``force``. ``metrics`` and ``metadata`` (JSON values) are stored with this step
+        and read back by ``metadata(step)``. ``allow_pickle`` stores values with no exact form
+        (see load()).
         """
         step = _steps.check_step(step)
         self._ledger.check_new(step, force, self._core.checkpoint_path)
-        leaves, metadata = _flatten(state, allow_pickle)
+        step_metadata = _step_metadata.encode(metrics, metadata)
+        leaves, tree_metadata = _flatten(state, allow_pickle)
         specs = [leaf.spec() for leaf in leaves]
         try:
             with self._stream_ordering(specs):
-                self._core.save(step, specs, metadata)
+                self._core.save(step, specs, {**tree_metadata, **step_metadata})
             self._last_submitted = step
             self._ledger.saved(step)
+            future = self._saves.made(step)
         finally:
             _logging.drain()
         self._warn_about_failures()
+        return future
 
     def prepare(self, state: object, reserve_bytes: int = 0) -> None:
         """Allocates the engine and pinned staging for ``state`` now, so the first save pays none.
@@ -238,31 +209,38 @@ class CheckpointManager:
             return step % self._save_interval_steps == 0
         return self._core.due(step)
 
-    def maybe_save(self, step: int, state: object, *, allow_pickle: bool = False) -> bool:
-        """Saves ``state`` as checkpoint ``step`` when ``should_save(step)``.
+    def maybe_save(self, step: int, state: object, *,
+                   metrics: Mapping[str, object] | None = None,
+                   metadata: Mapping[str, object] | None = None,
+                   allow_pickle: bool = False) -> SaveFuture | None:
+        """Saves ``state`` as checkpoint ``step`` when ``should_save(step)``, as ``save`` does.
 
-        Returns True when a save was taken (False when none was due, or with on_busy="skip" when
-        staging was still busy). Cheap when no save is due: the state is not even looked at.
+        Returns the save's SaveFuture when a save was taken, None when none was due (or with
+        on_busy="skip" when staging was still busy), so ``if manager.maybe_save(...)`` reads as
+        before. Cheap when no save is due: the state is not even looked at.
         """
         if not self._scheduled:
             raise ValueError("maybe_save needs save_steps, save_interval_steps or save_secs; use "
                              "save() to save at a step of your choice")
         if not self.should_save(step):
             self._report_failure()
-            return False
+            return None
         step = _steps.check_step(step)
-        leaves, metadata = _flatten(state, allow_pickle)
+        step_metadata = _step_metadata.encode(metrics, metadata)
+        leaves, tree_metadata = _flatten(state, allow_pickle)
         specs = [leaf.spec() for leaf in leaves]
+        future = None
         try:
             with self._stream_ordering(specs):
-                taken = self._core.maybe_save(step, specs, metadata)
+                taken = self._core.maybe_save(step, specs, {**tree_metadata, **step_metadata})
             self._last_submitted = step  # seen by the C++ timer, saved or skipped
             if taken:
                 self._ledger.saved(step)
+                future = self._saves.made(step)
         finally:
             _logging.drain()
         self._warn_about_failures()
-        return taken
+        return future
 
     @contextlib.contextmanager
     def _stream_ordering(self, specs: list[_core.TensorSpec]) -> Iterator[None]:
@@ -307,7 +285,9 @@ class CheckpointManager:
         _logging.drain()
 
     def wait_until_finished(self) -> None:
-        """Blocks until every save so far is durable and committed (or failed)."""
+        """Blocks until every save so far is durable and committed (or failed). Retention's
+        removal of the checkpoints those saves dropped goes on in the background; ``close``
+        waits for it."""
         try:
             self._core.wait_until_finished()
         finally:
@@ -315,7 +295,8 @@ class CheckpointManager:
         self._warn_about_failures()
 
     def close(self) -> None:
-        """Waits like wait_until_finished, then refuses further saves. Idempotent."""
+        """Waits like wait_until_finished, and for retention's removals, then refuses further
+        saves. Idempotent."""
         self._closed = True
         self._finalizer.detach()
         try:
@@ -339,16 +320,12 @@ class CheckpointManager:
             warnings.warn(f"asyncckpt: a checkpoint save failed: {error}", RuntimeWarning)
 
     def _warn_about_failures(self) -> None:
-        if self._on_error != "continue":
-            return
-        totals = self._core.totals()
-        if totals["saves_failed"] == self._failures_seen:
-            return
-        failed = [s for s in totals["saves"] if not s["ok"]][self._failures_seen:]
-        self._failures_seen = totals["saves_failed"]
-        for save in failed:
-            warnings.warn(f"asyncckpt: the save of step {save['step']} failed; training goes "
-                          f"on (on_error='continue'): {save['error']}", RuntimeWarning)
+        """Resolves the futures of the saves finished since the last call; with
+        on_error="continue", warns once about each save that failed."""
+        for save in self._saves.take_failed():
+            if self._on_error == "continue":
+                warnings.warn(f"asyncckpt: the save of step {save.step} failed; training goes "
+                              f"on (on_error='continue'): {save.error}", RuntimeWarning)
 
     # ---- what is there ---------------------------------------------------------------------
 
@@ -369,9 +346,20 @@ class CheckpointManager:
         """The directory of checkpoint ``step``."""
         return self._core.checkpoint_path(_steps.check_step(step))
 
+    def metadata(self, step: int | None = None) -> _step_metadata.StepMetadata:
+        """The metrics and metadata that ``save`` stored with checkpoint ``step`` (the latest
+        when None), with its path and wall time. FileNotFoundError when there is no such
+        checkpoint."""
+        try:
+            reader = self._core.open(None if step is None else _steps.check_step(step))
+        finally:
+            _logging.drain()
+        return _step_metadata.decode(reader.step, reader.path, reader.wall_time,
+                                     reader.metadata())
+
     def stats(self) -> Stats:
         """A Stats: totals and every save's SaveStats, as the C++ SaverTotals."""
-        return _stats(self._core.totals())
+        return _saves.stats_of(self._core.totals())
 
     # ---- restoring -------------------------------------------------------------------------
 

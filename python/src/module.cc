@@ -366,6 +366,13 @@ class PyCheckpointer {
     Check(Locked([&] { return checkpointer_->close(); }));
   }
 
+  // Thread-safe in the Checkpointer, so it takes no lock: a wait for a save to finish must not
+  // queue behind the next save of the training thread.
+  bool wait_for_finished_saves(int64_t finished, double timeout_seconds) const {
+    return WithoutGil(
+        [&] { return checkpointer_->wait_for_finished_saves(finished, timeout_seconds); });
+  }
+
   // These four are thread-safe in the Checkpointer: no wait behind a save in progress.
   py::dict totals() const { return TotalsToDict(checkpointer_->totals()); }
   std::vector<int64_t> all_steps() const { return checkpointer_->all_steps(); }
@@ -531,6 +538,8 @@ PYBIND11_MODULE(_core, m) {
       .def("maybe_save", &PyCheckpointer::maybe_save, py::arg("step"), py::arg("specs"),
            py::arg("metadata"))
       .def("wait_until_finished", &PyCheckpointer::wait_until_finished)
+      .def("wait_for_finished_saves", &PyCheckpointer::wait_for_finished_saves, py::arg("finished"),
+           py::arg("timeout_seconds"))
       .def("close", &PyCheckpointer::close)
       .def("totals", &PyCheckpointer::totals)
       .def("all_steps", &PyCheckpointer::all_steps)

@@ -89,6 +89,7 @@ class Engine::Impl {
   }
 
   Result<SubmitResult> Submit(SubmitRequest request);
+  void WaitSaves() { graph_->WaitSaves(); }
   void WaitAll() { graph_->WaitAll(); }
   int64_t in_flight() const { return graph_->in_flight(); }
   uint64_t heap_buffers() const { return graph_->heap_buffers(); }
@@ -489,6 +490,7 @@ Engine::~Engine() = default;
 Result<SubmitResult> Engine::Submit(SubmitRequest request) {
   return impl_->Submit(std::move(request));
 }
+void Engine::WaitSaves() { impl_->WaitSaves(); }
 void Engine::WaitAll() { impl_->WaitAll(); }
 int64_t Engine::in_flight() const { return impl_->in_flight(); }
 uint64_t Engine::heap_buffers() const { return impl_->heap_buffers(); }

@@ -135,7 +135,10 @@ class Engine {
   /// InvalidArgument (nothing written, no on_done) for tensors or metadata the format cannot
   /// hold; a failure after that is the save's, reported by on_done.
   Result<SubmitResult> Submit(SubmitRequest request);
-  /// Blocks until every submitted save is committed or failed and its on_done returned.
+  /// Blocks until every submitted save is committed or failed and its on_done returned
+  /// (durable); retention's removal of what those saves dropped may still be going.
+  void WaitSaves();
+  /// WaitSaves, then until retention's removals are done too.
   void WaitAll();
   /// Saves submitted and not yet done.
   int64_t in_flight() const;

@@ -585,6 +585,7 @@ bool SaveGraph::TakeFlightPlace(int limit, bool skip_if_busy) {
 }
 void SaveGraph::PutChunks(std::vector<ChunkPtr> wave) { impl_->PutChunks(std::move(wave)); }
 void SaveGraph::ReleaseHold(const SavePtr& save) { impl_->ReleaseHold(save); }
+void SaveGraph::WaitSaves() { impl_->WaitAll(); }
 void SaveGraph::WaitAll() {
   impl_->WaitAll();
   impl_->WaitForRemovals();

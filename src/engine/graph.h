@@ -56,7 +56,10 @@ class SaveGraph {
   void PutChunks(std::vector<ChunkPtr> wave);
   /// Drops Submit's hold on `save`: it commits once its last write completed.
   void ReleaseHold(const SavePtr& save);
-  /// Blocks until every admitted save is committed or failed and its on_done returned.
+  /// Blocks until every admitted save is committed or failed and its on_done returned; the
+  /// trees retention renamed for removal may still be going (WaitAll waits for them too).
+  void WaitSaves();
+  /// WaitSaves, then until retention's removals asked for so far are done.
   void WaitAll();
   /// Saves admitted and not yet done.
   int64_t in_flight() const;

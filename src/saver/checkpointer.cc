@@ -139,6 +139,10 @@ class Checkpointer::Impl {
 
   Status WaitUntilFinished() { return core_->WaitUntilSaved(); }
 
+  bool WaitForFinishedSaves(int64_t finished, double timeout_seconds) const {
+    return core_->WaitForFinishedSaves(finished, timeout_seconds);
+  }
+
   Status Close() {
     if (closed_) return core_->WaitUntilSaved();
     closed_ = true;
@@ -257,6 +261,10 @@ Result<bool> Checkpointer::maybe_save(int64_t step, const TensorRegistry& regist
 }
 
 Status Checkpointer::wait_until_finished() { return impl_->WaitUntilFinished(); }
+
+bool Checkpointer::wait_for_finished_saves(int64_t finished, double timeout_seconds) const {
+  return impl_->WaitForFinishedSaves(finished, timeout_seconds);
+}
 
 Status Checkpointer::close() { return impl_->Close(); }
 

@@ -4,6 +4,7 @@
 #include "src/saver/saver_core.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "src/util/elapsed.h"
@@ -156,7 +157,7 @@ Result<CoreSaveResult> SaverCore::Save(CoreSaveRequest request) {
   CoreSaveResult result;
   result.saved = true;
   if (!synchronous()) return result;
-  engine_->WaitAll();  // on_done has run for this save by now
+  engine_->WaitSaves();  // on_done has run for this save by now; removals go on
   {
     std::lock_guard lock(mu_);
     result.stats = std::move(last_done_).value_or(SaveStats{});
@@ -196,8 +197,11 @@ void SaverCore::OnDone(const SaveStats& stats) {
 }
 
 void SaverCore::Record(const SaveStats& stats) {
-  std::lock_guard lock(mu_);
-  AddToTotals(stats, &totals_);
+  {
+    std::lock_guard lock(mu_);
+    AddToTotals(stats, &totals_);
+  }
+  finished_.notify_all();
 }
 
 void SaverCore::RecordFailure(const Status& failure) {
@@ -227,8 +231,18 @@ void SaverCore::WaitAll() {
 }
 
 Status SaverCore::WaitUntilSaved() {
-  WaitAll();
+  if (engine_) engine_->WaitSaves();
   return Deliver(nullptr);
+}
+
+bool SaverCore::WaitForFinishedSaves(int64_t finished, double timeout_seconds) const {
+  std::unique_lock lock(mu_);
+  const auto reached = [&] { return totals_.saves_committed + totals_.saves_failed >= finished; };
+  if (timeout_seconds < 0) {
+    finished_.wait(lock, reached);
+    return true;
+  }
+  return finished_.wait_for(lock, std::chrono::duration<double>(timeout_seconds), reached);
 }
 
 Status SaverCore::Finish(std::optional<int64_t> end_step) {

@@ -6,6 +6,7 @@
 // engine, a save's submission, and, when a save finishes, the totals, the listeners and the
 // failure policy (SaverOptions::on_error).
 
+#include <condition_variable>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -119,10 +120,16 @@ class SaverCore {
   Status Deliver(RunContext* context);
   /// Records a failure that the saver found itself (a synchronous save's), for Deliver.
   void RecordFailure(const Status& failure);
-  /// Blocks until every submitted save is committed or failed.
+  /// Blocks until every submitted save is committed or failed, and retention's removals are
+  /// done.
   void WaitAll();
-  /// WaitAll, then Deliver(nullptr).
+  /// Blocks until every submitted save is committed or failed (durable); retention's removals
+  /// may go on. Then Deliver(nullptr).
   Status WaitUntilSaved();
+  /// Blocks until `finished` saves in all have committed or failed (SaverTotals'
+  /// saves_committed + saves_failed), or `timeout_seconds` passed (negative: no limit). True
+  /// when they have.
+  bool WaitForFinishedSaves(int64_t finished, double timeout_seconds) const;
   /// The end of the saver: waits, tells the listeners end(step), destroys the engine and
   /// releases the directory lock. Returns WaitUntilSaved's status.
   Status Finish(std::optional<int64_t> end_step);
@@ -155,7 +162,8 @@ class SaverCore {
   // Multi-process jobs: what this rank writes (the engine's registry); null in one process.
   std::unique_ptr<TensorRegistry> written_;
 
-  mutable std::mutex mu_;  // guards what the commit thread reports
+  mutable std::mutex mu_;                     // guards what the commit thread reports
+  mutable std::condition_variable finished_;  // a save was added to totals_
   SaverTotals totals_;
   uint64_t staging_high_water_ = 0;  // over every engine so far
   std::vector<Status> unreported_failures_;

@@ -4,9 +4,13 @@
 #include <stdlib.h>
 
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -489,6 +493,103 @@ TEST(CheckpointerBusyTest, WithOnBusySkipMaybeSaveSkipsWhileStagingIsHeld) {
     gate.Open();
     ASSERT_TRUE(checkpointer.close().ok());
     EXPECT_EQ(checkpointer.all_steps(), (std::vector<int64_t>{1}));
+  }
+  fs::remove_all(dir);
+}
+
+// Holds every remove_tree (retention's removal of a renamed checkpoint) until Open().
+class RemovalGate final : public io::FileSystemWrapper {
+ public:
+  explicit RemovalGate(io::FileSystem* target) : FileSystemWrapper(target) {}
+  io::IoStatus remove_tree(const std::string& path) override {
+    std::unique_lock lock(mu_);
+    ++entered_;
+    changed_.notify_all();
+    changed_.wait(lock, [&] { return open_; });
+    lock.unlock();
+    return target()->remove_tree(path);
+  }
+  void WaitForEntered(int n) {
+    std::unique_lock lock(mu_);
+    changed_.wait(lock, [&] { return entered_ >= n; });
+  }
+  void Open() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    changed_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  int entered_ = 0;
+  bool open_ = false;
+};
+
+// A save is reported finished once durable: retention's removal of what it dropped goes on in
+// the background, and only close() waits for it.
+TEST_P(CheckpointerTest, WaitUntilFinishedReturnsOnceDurableWhileRetentionStillRemoves) {
+  std::unique_ptr<io::FileSystem> posix = io::NewPosixFileSystem();
+  RemovalGate gate(posix.get());
+  SaverOptions options = Options();
+  options.max_to_keep = 1;
+  options.file_system = &gate;
+  auto checkpointer = Make(options);
+  SetState(1);
+  ASSERT_TRUE(checkpointer->save(1, Registry()).ok());
+  ASSERT_TRUE(checkpointer->wait_until_finished().ok());
+  SetState(2);
+  ASSERT_TRUE(checkpointer->save(2, Registry()).ok());
+  gate.WaitForEntered(1);  // the removal of step 1 is under way, and held
+  auto waited = std::async(std::launch::async, [&] { return checkpointer->wait_until_finished(); });
+  const bool returned = waited.wait_for(std::chrono::seconds(20)) == std::future_status::ready;
+  gate.Open();  // lets a wait that is stuck behind the removal go, so the test ends either way
+  EXPECT_TRUE(returned) << "wait_until_finished waited for retention's removal";
+  EXPECT_TRUE(waited.get().ok());
+  EXPECT_EQ(checkpointer->all_steps(), (std::vector<int64_t>{2}));
+  ExpectHoldsStep(2);
+  ASSERT_TRUE(checkpointer->close().ok());
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    EXPECT_EQ(entry.path().filename().string().find(".deleting-"), std::string::npos)
+        << "close() returned before the removal was done: " << entry.path();
+  }
+}
+
+// Asynchronous only: the n-th save is done once n saves have finished, and a wait for it ends at
+// its timeout while its writes are held.
+TEST(CheckpointerFinishedSavesTest, WaitsForTheNthSaveOrTheTimeout) {
+  char pattern[] = "/tmp/checkpointer_finished_test-XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  const std::string dir = pattern;
+  GatedFileSystem gate(io::NewPosixFileSystem());
+  std::vector<float> weights(1000, 1.f);
+  TensorRegistry registry;
+  ASSERT_TRUE(registry
+                  .add({"w",
+                        DType::kF32,
+                        {1000},
+                        weights.data(),
+                        weights.size() * sizeof(float),
+                        nullptr,
+                        {},
+                        {}})
+                  .ok());
+  SaverOptions options;
+  options.checkpoint_dir = dir;
+  options.save_steps = 1;
+  options.file_system = &gate;
+  {
+    auto made = Checkpointer::Create(options, SaveMode::kAsynchronous);
+    ASSERT_TRUE(made.ok()) << made.status().ToString();
+    Checkpointer& checkpointer = **made;
+    ASSERT_TRUE(checkpointer.save(1, registry).ok());
+    gate.WaitForWaiting(1);
+    EXPECT_FALSE(checkpointer.wait_for_finished_saves(1, 0.05));
+    gate.Open();
+    EXPECT_TRUE(checkpointer.wait_for_finished_saves(1, -1));
+    EXPECT_EQ(checkpointer.totals().saves_committed, 1);
+    EXPECT_TRUE(checkpointer.wait_for_finished_saves(0, 0));
+    ASSERT_TRUE(checkpointer.close().ok());
   }
   fs::remove_all(dir);
 }
