@@ -127,12 +127,18 @@ def test_the_wheel_is_stripped_and_carries_the_libraries_it_loads(wheel, tmp_pat
     assert re.search(r"\((RUNPATH|RPATH)\).*\[\$ORIGIN\]", dynamic), dynamic
     bundled = sorted(n for n in needed if re.match(r"lib(tbb|uring|zstd|xxhash|cudart)", n))
     assert len(bundled) >= 4, needed
+    assert not any(n.startswith("libcudart") for n in bundled), "CUDA is opt-in for a wheel"
+    licenses = tmp_path / "wheel" / f"asyncckpt-{project_version()}.dist-info" / "licenses"
     for soname in bundled:
         assert (package / soname).is_file(), f"{soname} is not in the wheel: {names}"
+        text = (licenses / "bundled" / f"{soname}.txt").read_text()
+        assert "Copyright" in text or "License" in text, text[:200]
+    assert "Apache License" in (licenses / "LICENSE").read_text()
     sections = run(["readelf", "-S", "-W", str(module)]).stdout
     assert ".symtab" not in sections and ".debug_info" not in sections, "not stripped"
     metadata = (tmp_path / "wheel" / f"asyncckpt-{project_version()}.dist-info" /
                 "METADATA").read_text()
+    assert re.search(r"^License-Expression: Apache-2.0$", metadata, re.MULTILINE), metadata
     assert re.search(r"^Requires-Dist: torch.*extra == .torch.", metadata, re.MULTILINE), metadata
     assert re.search(r"^Requires-Dist: jax.*extra == .jax.", metadata, re.MULTILINE), metadata
 
