@@ -297,7 +297,7 @@ def enter_container(value: object, names: list[str], active: set[int]) -> None:
                          f"{_where(names[:3] + ['...'])}; asyncckpt stores at most {MAX_DEPTH}")
     if id(value) in active:
         raise ValueError(f"the state refers to itself: the {type(value).__name__} at "
-                         f"{_where(names)} contains itself (a cycle cannot be saved)")
+                         f"{_where(names)} contains itself (a state with a cycle can be neither saved nor restored)")
     active.add(id(value))
 
 
