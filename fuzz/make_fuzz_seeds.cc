@@ -1,5 +1,6 @@
 // Writes the seed corpora of the fuzz targets from real checkpoints, made by the library's own
-// writers: `make_fuzz_seeds OUT` fills OUT/index (index files), OUT/state (state files) and
+// writers: `make_fuzz_seeds OUT` fills OUT/index (index files), OUT/state (state files),
+// OUT/safetensors (safetensors headers) and
 // OUT/reader (whole checkpoints framed as fuzz/fuzz_support.h says). The build runs it, so no
 // binary seed is committed. Every checkpoint is small (reader inputs stay under 4 KiB, the
 // -max_len scripts/fuzz gives) and has several chunks, codecs, dtypes and data files.
@@ -17,6 +18,7 @@
 #include "fuzz/fuzz_support.h"
 #include "src/format/format.h"
 #include "src/format/writer.h"
+#include "src/interop/safetensors_format.h"
 #include "src/state/checkpoint_state.h"
 #include "tests/support/checkpoint_files.h"
 
@@ -149,6 +151,27 @@ int WriteStateSeeds(io::FileSystem& file_system, const fs::path& work, const fs:
   return written;
 }
 
+// Safetensors headers as the encoder writes them, each after its data part's length (the
+// input safetensors_fuzz reads).
+int WriteSafetensorsSeeds(const fs::path& out) {
+  const std::vector<std::vector<interop::SafetensorsTensor>> headers = {
+      {{"model.embed.weight", DType::kBF16, {4, 2}, 0, 16},
+       {"model.norm", DType::kF32, {2}, 16, 24}},
+      {{"scalar", DType::kF64, {}, 0, 8},
+       {"empty", DType::kI32, {0}, 8, 8},
+       {"m\u00e9", DType::kBool, {3}, 8, 11}},
+  };
+  int written = 0;
+  for (const auto& tensors : headers) {
+    const std::string json = interop::EncodeSafetensorsHeader(tensors, {{"format", "pt"}});
+    std::vector<uint8_t> input(8);
+    StoreU64(input.data(), tensors.back().end);
+    input.insert(input.end(), json.begin(), json.end());
+    WriteBytes(out / "safetensors" / ("seed-" + std::to_string(written++)), input);
+  }
+  return written;
+}
+
 }  // namespace
 }  // namespace asyncckpt::fuzz
 
@@ -162,11 +185,14 @@ int main(int argc, char** argv) {
   const fs::path out = argv[1];
   const fs::path work = out / "work";
   fs::remove_all(out);
-  for (const char* sub : {"index", "state", "reader", "work"}) fs::create_directories(out / sub);
+  for (const char* sub : {"index", "state", "reader", "safetensors", "work"}) {
+    fs::create_directories(out / sub);
+  }
   const std::unique_ptr<asyncckpt::io::FileSystem> file_system =
       asyncckpt::io::NewPosixFileSystem();
   const int checkpoints = WriteCheckpointSeeds(*file_system, work, out);
   const int states = WriteStateSeeds(*file_system, work, out);
+  WriteSafetensorsSeeds(out);
   fs::remove_all(work);
   if (checkpoints < 0 || states < 0) return 1;
   std::printf("make_fuzz_seeds: %d checkpoints and %d state files in %s\n", checkpoints, states,

@@ -17,6 +17,7 @@ logging.getLogger("asyncckpt").
 
 from . import _logging
 from ._core import CheckpointError, cuda_available
+from ._interop import export_safetensors, import_safetensors
 from ._saves import SaveFuture, SaveStats, Stats
 from ._step_metadata import StepMetadata
 from ._steps import StepAlreadyExistsError
@@ -35,6 +36,8 @@ __all__ = [
     "StepMetadata",
     "__version__",
     "cuda_available",
+    "export_safetensors",
+    "import_safetensors",
     "latest_checkpoint",
     "load",
 ]

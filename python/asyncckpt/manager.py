@@ -473,9 +473,13 @@ def _restore_from(reader: _core.Reader, state: dict[Any, Any] | list[Any],
 
 def _plan_by_name(reader: _core.Reader, state: dict[Any, Any] | list[Any],
                   plan: _tree.Plan) -> None:
-    """A checkpoint without a Python tree (written by the C++ hooks): tensors by name only."""
+    """A checkpoint without a Python tree (written by the C++ hooks, or imported from
+    safetensors): tensors by name only, its keys joined with "/" or, as Hugging Face names them,
+    with "." ({"model": module} finds "model.fc.weight")."""
     infos = {name: (dtype, shape) for name, dtype, shape, _, _ in reader.tensors()}
     for name, array, names in _tree.template_leaves(state, [], []):
+        if name not in infos and ".".join(names) in infos:
+            name = ".".join(names)
         if name not in infos:
             plan.missing.append(f"'{name}'")
             continue

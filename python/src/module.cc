@@ -26,6 +26,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -35,6 +36,7 @@
 #include "asyncckpt/dtype.h"
 #include "asyncckpt/log.h"
 #include "asyncckpt/reader.h"
+#include "asyncckpt/safetensors.h"
 #include "asyncckpt/saver_hook.h"
 #include "asyncckpt/state.h"
 #include "asyncckpt/status.h"
@@ -492,6 +494,31 @@ void WaitForCopiesOnStream(int ordinal, uintptr_t stream) {
   }));
 }
 
+// ExportSafetensors: (the files written, tensors, bytes).
+std::tuple<std::vector<std::string>, uint64_t, uint64_t> ExportToSafetensors(
+    const std::string& checkpoint, const std::string& out_dir, const std::string& select,
+    uint64_t max_shard_bytes, bool keep_names) {
+  SafetensorsExportOptions options;
+  options.select = select;
+  options.max_shard_bytes = max_shard_bytes;
+  options.keep_names = keep_names;
+  SafetensorsExportReport report =
+      Take(WithoutGil([&] { return ExportSafetensors(checkpoint, out_dir, options); }));
+  return {std::move(report.files), report.tensors, report.bytes};
+}
+
+// ImportSafetensors: the checkpoint's path.
+std::string ImportFromSafetensors(const std::string& input, const std::string& checkpoint_dir,
+                                  int64_t step, const std::string& basename,
+                                  const std::string& prefix, const std::string& compression) {
+  SafetensorsImportOptions options;
+  options.step = step;
+  options.basename = basename;
+  options.prefix = prefix;
+  options.compression.kind = ParseCompression(compression);
+  return Take(WithoutGil([&] { return ImportSafetensors(input, checkpoint_dir, options); }));
+}
+
 std::unique_ptr<PyReader> OpenReader(const std::string& path, bool force_posix_io) {
   ReaderOptions options;
   options.force_posix_io = force_posix_io;
@@ -565,6 +592,12 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("directory"),
       "The path of the newest checkpoint that `directory`'s state file names, or None.");
+  m.def("export_safetensors", &ExportToSafetensors, py::arg("checkpoint"), py::arg("out_dir"),
+        py::arg("select"), py::arg("max_shard_bytes"), py::arg("keep_names"),
+        "The tensors of a checkpoint as safetensors files: (files, tensors, bytes).");
+  m.def("import_safetensors", &ImportFromSafetensors, py::arg("input"), py::arg("checkpoint_dir"),
+        py::arg("step"), py::arg("basename"), py::arg("prefix"), py::arg("compression"),
+        "A checkpoint made from safetensors files: its path.");
   m.def("capture_log", &CaptureLog, py::arg("capture"),
         "True: queue the library's log lines for take_log_lines; False: print them on stderr.");
   m.def(

@@ -16,30 +16,6 @@ namespace asyncckpt::cli {
 
 namespace {
 
-// Parses a command's flags; prints help or the error. Returns nullopt with *exit_code set when
-// the command should end now.
-std::optional<ParsedFlags> ParseOrExit(const std::string& usage, const std::vector<FlagSpec>& specs,
-                                       int argc, char** argv, size_t positional, int* exit_code) {
-  auto flags = ParseFlags(specs, argc, argv);
-  if (!flags.ok()) {
-    if (flags.status().code() == StatusCode::kCancelled) {
-      std::fputs(FlagsHelp(usage, specs).c_str(), stdout);
-      *exit_code = kExitOk;
-    } else {
-      std::fprintf(stderr, "asyncckpt: %s\n", flags.status().message().c_str());
-      *exit_code = kExitUsage;
-    }
-    return std::nullopt;
-  }
-  if (flags->positional().size() != positional) {
-    std::fprintf(stderr, "asyncckpt: expected %zu argument(s); usage: %s\n", positional,
-                 usage.c_str());
-    *exit_code = kExitUsage;
-    return std::nullopt;
-  }
-  return std::move(flags).value();
-}
-
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::string text = "[";
   // Appended piece by piece: GCC 12 at -O3 reports `"," + std::string&&` as an overlapping
@@ -92,12 +68,34 @@ size_t CountSlices(const CheckpointReader& reader) {
   return slices;
 }
 
+}  // namespace
+
+std::optional<ParsedFlags> ParseOrExit(const std::string& usage, const std::vector<FlagSpec>& specs,
+                                       int argc, char** argv, size_t positional, int* exit_code) {
+  auto flags = ParseFlags(specs, argc, argv);
+  if (!flags.ok()) {
+    if (flags.status().code() == StatusCode::kCancelled) {
+      std::fputs(FlagsHelp(usage, specs).c_str(), stdout);
+      *exit_code = kExitOk;
+    } else {
+      std::fprintf(stderr, "asyncckpt: %s\n", flags.status().message().c_str());
+      *exit_code = kExitUsage;
+    }
+    return std::nullopt;
+  }
+  if (flags->positional().size() != positional) {
+    std::fprintf(stderr, "asyncckpt: expected %zu argument(s); usage: %s\n", positional,
+                 usage.c_str());
+    *exit_code = kExitUsage;
+    return std::nullopt;
+  }
+  return std::move(flags).value();
+}
+
 int Fail(const Status& status) {
   std::fprintf(stderr, "asyncckpt: %s\n", status.ToString().c_str());
   return kExitFailed;
 }
-
-}  // namespace
 
 int RunCommand(const char* name, int (*command)(int, char**), int argc, char** argv) noexcept {
   try {

@@ -16,6 +16,8 @@ constexpr char kUsage[] =
     "  verify PATH       check every chunk of a checkpoint (exit 0 only when all is sound)\n"
     "  latest DIR        print the latest checkpoint named by DIR/checkpoint\n"
     "  restore-bench PATH  restore every tensor into memory and report the read throughput\n"
+    "  export --format safetensors CHECKPOINT OUT_DIR   the tensors as safetensors files\n"
+    "  import --format safetensors IN CHECKPOINT_DIR    a checkpoint made from safetensors files\n"
     "\n"
     "`asyncckpt COMMAND --help` describes a command's flags.\n"
     "\n"
@@ -38,6 +40,8 @@ int main(int argc, char** argv) {
   if (command == "verify") run = VerifyCommand;
   if (command == "latest") run = LatestCommand;
   if (command == "restore-bench") run = RestoreBenchCommand;
+  if (command == "export") run = ExportCommand;
+  if (command == "import") run = ImportCommand;
   if (run == nullptr) {
     std::fprintf(stderr, "asyncckpt: unknown command '%s' (try asyncckpt --help)\n",
                  command.c_str());
