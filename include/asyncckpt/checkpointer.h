@@ -32,6 +32,18 @@ namespace asyncckpt {
 /// Threads: save, maybe_save, due, wait_until_finished, close and open are called from one
 /// thread at a time (the training thread); totals, all_steps, latest_step and checkpoint_path
 /// from any thread.
+///
+/// Several processes (options.coordinator of size > 1): every rank makes a Checkpointer over the
+/// same shared checkpoint_dir and calls save(step, its registry) for the same steps in the same
+/// order, as it would a collective; prepare() too. Each rank registers what it holds (whole
+/// tensors are replicas, written once; shards carry global_shape and global_offset), which may
+/// change from save to save: the ranks agree on who writes what at every save (one all_gather
+/// on the calling thread), start at the first save or prepare (rank 0 locks and cleans up), and
+/// each save is one sharded checkpoint that rank 0 commits once every rank's part is durable,
+/// all or nothing (docs/distributed.md). A failure one rank keeps (OnError::kStop) fails the
+/// next save on every rank, naming it. Rank 0 writes the state file; the others read it.
+/// wait_until_finished() and close() are collective too: every rank returns once rank 0 has
+/// committed and listed every save, with the same status.
 /// When a Checkpointer takes checkpoint_dir: locks it, cleans up and quarantines (the start of
 /// SaverStorage::Start).
 enum class CheckpointerStart {

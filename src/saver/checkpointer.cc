@@ -12,6 +12,7 @@
 #include "src/engine/engine.h"
 #include "src/format/format.h"
 #include "src/saver/saver_core.h"
+#include "src/saver/saver_start.h"
 #include "src/state/checkpoint_names.h"
 #include "src/state/committed_steps.h"
 #include "src/util/status_macros.h"
@@ -101,6 +102,7 @@ class Checkpointer::Impl {
 
   Status Prepare(const TensorRegistry& registry, uint64_t reserve_bytes) {
     if (closed_) return Status::FailedPrecondition("the checkpointer is closed");
+    if (MultiProcess()) return StartAcrossRanks(registry);
     // Preparing announces saves: a deferred start (lock, clean-up, quarantine) happens here.
     RETURN_IF_ERROR(StartIfDeferred());
     ASSIGN_OR_RETURN(SnapshotPlan plan, PlanSnapshot(registry, core_->engine_options(), "prepare"));
@@ -113,6 +115,7 @@ class Checkpointer::Impl {
     // Blocked time counts from here: planning and a new engine are the caller's wait too.
     const auto started = SteadyClock::now();
     if (closed_) return Status::FailedPrecondition("the checkpointer is closed");
+    if (MultiProcess()) return SaveAcrossRanks(step, registry, user_metadata, started);
     RETURN_IF_ERROR(StartIfDeferred());
     RETURN_IF_ERROR(core_->Deliver(nullptr));
     const SaverOptions& options = core_->options();
@@ -137,7 +140,12 @@ class Checkpointer::Impl {
     return saved.saved;
   }
 
-  Status WaitUntilFinished() { return core_->WaitUntilSaved(); }
+  // In a multi-process job every rank returns the same status, and only once rank 0 has
+  // committed and listed every save: the ranks agree after waiting (collective).
+  Status WaitUntilFinished() {
+    const Status waited = core_->WaitUntilSaved();
+    return MultiProcess() && started_ ? AgreeStarted(core_->options(), waited) : waited;
+  }
 
   bool WaitForFinishedSaves(int64_t finished, double timeout_seconds) const {
     return core_->WaitForFinishedSaves(finished, timeout_seconds);
@@ -148,13 +156,15 @@ class Checkpointer::Impl {
     closed_ = true;
     // Every save is durable or failed: the directory is free for the next job (or for another
     // checkpointer of this process, as a restore after a `with` block opens one).
-    return core_->Finish(std::nullopt);
+    const Status finished = core_->Finish(std::nullopt);
+    return MultiProcess() && started_ ? AgreeStarted(core_->options(), finished) : finished;
   }
 
   SaverTotals Totals() const { return core_->totals(); }
 
   std::vector<int64_t> AllSteps() const {
-    if (!started_) {
+    // Rank 0 alone commits and writes the state file: the other ranks read it.
+    if (!started_ || (MultiProcess() && core_->options().coordinator->rank() != 0)) {
       const SaverOptions& options = core_->options();
       Result<std::vector<int64_t>> committed = CommittedCheckpointSteps(
           options.checkpoint_dir, options.basename, kCheckpointStateFileName, ReadFs());
@@ -197,6 +207,48 @@ class Checkpointer::Impl {
   }
 
  private:
+  bool MultiProcess() const {
+    const Coordinator* coordinator = core_->options().coordinator;
+    return coordinator != nullptr && coordinator->size() > 1;
+  }
+
+  // Multi-process jobs (collective): the start (rank 0 locks and cleans up, every rank learns
+  // the job token and attaches) and an engine over this rank's part of `registry`, created on
+  // every rank or on none.
+  Status StartAcrossRanks(const TensorRegistry& registry) {
+    if (started_) return Status::OK();
+    RETURN_IF_ERROR(core_->StartWithEngine(registry));
+    started_ = true;
+    return Status::OK();
+  }
+
+  // A save of a multi-process job (collective: every rank saves `step`, in the same order).
+  // Every rank's tensors may change between saves, so the ranks agree again on who writes
+  // what, and a rank's failure kept from an earlier save fails every rank's save, naming it;
+  // the engine's sharded commit then makes the checkpoint visible once every part is durable.
+  Result<bool> SaveAcrossRanks(int64_t step, const TensorRegistry& registry,
+                               const std::map<std::string, std::string>& user_metadata,
+                               SteadyClock::time_point started) {
+    if (!started_) {
+      RETURN_IF_ERROR(StartAcrossRanks(registry));
+    } else {
+      ASSIGN_OR_RETURN(const bool changed,
+                       core_->AgreeOnWritten(registry, core_->Deliver(nullptr)));
+      if (changed) RETURN_IF_ERROR(core_->RecreateEngineAcrossRanks());
+    }
+    const SaverOptions& options = core_->options();
+    CoreSaveRequest request;
+    request.metadata = CheckpointMetadata{step, options.clock(), options.user_metadata};
+    for (const auto& [key, value] : user_metadata) request.metadata.user[key] = value;
+    request.started = started;
+    ASSIGN_OR_RETURN(const CoreSaveResult saved, core_->Save(std::move(request)));
+    if (mode_ == SaveMode::kSynchronous) {
+      if (!saved.stats.status.ok()) core_->RecordFailure(saved.stats.status);
+      RETURN_IF_ERROR(core_->Deliver(nullptr));
+    }
+    return saved.saved;
+  }
+
   // Points the engine at `registry`, whose plan is `plan`. The engine reads its registry only in
   // Create and Submit, so the copy it borrows is replaced here, between submits; a new engine
   // (waiting for the saves in flight) is needed only when staging must be pinned by another
@@ -225,19 +277,14 @@ class Checkpointer::Impl {
 
 Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(SaverOptions options, SaveMode mode,
                                                            CheckpointerStart start) {
-  if (options.coordinator != nullptr && options.coordinator->size() > 1) {
-    // Its registry changes from save to save, so the ranks could not agree on it once.
-    return Status::InvalidArgument(
-        "Checkpointer saves one process; a multi-process job (coordinator of " +
-        std::to_string(options.coordinator->size()) +
-        " processes) uses CheckpointSaverHook or AsyncCheckpointSaverHook");
-  }
+  // A job of several processes starts collectively, with the tensors: at its first save.
+  const bool collective = options.coordinator != nullptr && options.coordinator->size() > 1;
   SaverCoreSetup setup;
   setup.mode = mode;
   setup.save_noun = "a save";
   ASSIGN_OR_RETURN(auto core, SaverCore::Create(std::move(options), std::move(setup)));
   auto impl = std::make_unique<Impl>(std::move(core), mode);
-  if (start == CheckpointerStart::kAtCreate) RETURN_IF_ERROR(impl->Start());
+  if (start == CheckpointerStart::kAtCreate && !collective) RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<Checkpointer>(new Checkpointer(std::move(impl)));
 }
 

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <utility>
 
+#include "src/saver/coordination.h"
+#include "src/saver/saver_start.h"
 #include "src/util/elapsed.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
@@ -95,6 +97,39 @@ Status SaverCore::StartWithEngine(const TensorRegistry& registry) {
   RETURN_IF_ERROR(AgreeStarted(options(), created));
   for (auto* listener : setup_.listeners) listener->begin();
   return Status::OK();
+}
+
+namespace {
+
+// Whether two registries hold the same tensors laid out the same way (their buffers aside).
+bool SameLayout(const TensorRegistry& a, const TensorRegistry& b) {
+  if (a.tensors().size() != b.tensors().size()) return false;
+  for (size_t i = 0; i < a.tensors().size(); ++i) {
+    const TensorRef& x = a.tensors()[i];
+    const TensorRef& y = b.tensors()[i];
+    if (x.name != y.name || x.dtype != y.dtype || x.shape != y.shape || x.bytes != y.bytes ||
+        x.device != y.device || x.global_shape != y.global_shape ||
+        x.global_offset != y.global_offset) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<bool> SaverCore::AgreeOnWritten(const TensorRegistry& registry, const Status& local) {
+  ASSIGN_OR_RETURN(TensorRegistry written, AgreeOnWriters(*options().coordinator, registry, local));
+  const bool changed = written_ == nullptr || !SameLayout(*written_, written);
+  if (written_ == nullptr) written_ = std::make_unique<TensorRegistry>();
+  // The engine reads its registry only in Create and Submit: replacing it between two submits
+  // is safe, and the saves in flight copied theirs already.
+  *written_ = std::move(written);
+  return changed;
+}
+
+Status SaverCore::RecreateEngineAcrossRanks() {
+  return AgreeStarted(options(), CreatePlannedEngine(written_.get()));
 }
 
 Status SaverCore::CreatePlannedEngine(const TensorRegistry* registry) {

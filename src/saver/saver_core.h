@@ -103,6 +103,16 @@ class SaverCore {
   /// staging budget, its priority).
   Status CreateEngine(const TensorRegistry* registry, const SnapshotPlan& plan,
                       const EngineOptions& engine_options);
+  /// Multi-process jobs, before each save of a Checkpointer, whose tensors may change from save
+  /// to save (collective): the ranks agree again on who writes what in `registry`, `local` (this
+  /// rank's status: a failure kept from an earlier save) travelling with it, so that every rank
+  /// gets the same error when one fails. On success the engine's registry holds this rank's part
+  /// of `registry`; returns whether its layout (names, dtypes, shapes, boxes, devices) differs
+  /// from the last one (then RecreateEngineAcrossRanks).
+  Result<bool> AgreeOnWritten(const TensorRegistry& registry, const Status& local);
+  /// Multi-process jobs: a new engine over this rank's part (after waiting for the saves in
+  /// flight), agreed created on every rank.
+  Status RecreateEngineAcrossRanks();
   /// Whether an engine exists.
   bool has_engine() const { return engine_ != nullptr; }
   /// The engine's staging budget (0 without an engine).
