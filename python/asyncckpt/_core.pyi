@@ -5,7 +5,7 @@ Integers are ``int`` and doubles ``float`` where the binding also takes any obje
 tests/python/test_core_stub.py holds this file to the module's own signatures.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeAlias
 
 from typing_extensions import TypedDict
@@ -15,6 +15,8 @@ from typing_extensions import TypedDict
 
 # (name, C++ dtype short name, shape, address, bytes, CUDA ordinal or None)
 TensorSpec: TypeAlias = tuple[str, str, Sequence[int], int, int, int | None]
+# tensor name -> (global shape, the shard's first index in each global dimension)
+ShardBoxes: TypeAlias = Mapping[str, tuple[Sequence[int], Sequence[int]]]
 
 class SaveStatsDict(TypedDict):
     """One save, as Checkpointer.totals() lists it (the C++ SaveStats)."""
@@ -70,7 +72,7 @@ class Reader:
     def metadata(self) -> dict[str, str]: ...
     def tensors(self) -> list[tuple[str, str, list[int], int, int]]:
         """(name, C++ dtype short name, shape, bytes, stored bytes) of every tensor."""
-    def read_into(self, specs: Sequence[TensorSpec]) -> None: ...
+    def read_into(self, specs: Sequence[TensorSpec], boxes: ShardBoxes = {}) -> None: ...
     def read_stats(self) -> ReadStatsDict:
         """Bytes and chunks this reader has read so far."""
     def verify(self) -> list[str]: ...
@@ -100,16 +102,29 @@ class SaverOptions:
     allow_fresh_start: bool
     cuda_stream_ordered: bool
 
+class Coordinator:
+    """A job's processes: this rank, their number, and their two collectives as callables."""
+
+    def __init__(self, rank: int, size: int, broadcast: Callable[[bytes, int], bytes],
+                 all_gather: Callable[[bytes], list[bytes]]) -> None: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def size(self) -> int: ...
+
 class Checkpointer:
     """The C++ Checkpointer."""
 
-    def __init__(self, directory: str, options: SaverOptions, asynchronous: bool) -> None: ...
+    def __init__(self, directory: str, options: SaverOptions, asynchronous: bool,
+                 coordinator: Coordinator | None = None) -> None: ...
     def check_due(self, step: int) -> bool: ...
     def due(self, step: int) -> bool: ...
-    def save(self, step: int, specs: Sequence[TensorSpec], metadata: Mapping[str, str]) -> None: ...
-    def prepare(self, specs: Sequence[TensorSpec], reserve_bytes: int = 0) -> None: ...
-    def maybe_save(self, step: int, specs: Sequence[TensorSpec],
-                   metadata: Mapping[str, str]) -> bool: ...
+    def save(self, step: int, specs: Sequence[TensorSpec], metadata: Mapping[str, str],
+             boxes: ShardBoxes = {}) -> None: ...
+    def prepare(self, specs: Sequence[TensorSpec], reserve_bytes: int = 0,
+                boxes: ShardBoxes = {}) -> None: ...
+    def maybe_save(self, step: int, specs: Sequence[TensorSpec], metadata: Mapping[str, str],
+                   boxes: ShardBoxes = {}) -> bool: ...
     def wait_until_finished(self) -> None: ...
     def wait_for_finished_saves(self, finished: int, timeout_seconds: float) -> bool:
         """Whether `finished` saves in all have finished, waiting up to the timeout (< 0: no

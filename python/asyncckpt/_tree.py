@@ -127,7 +127,8 @@ def _contains_array(value: object) -> bool:
 class Leaf:
     """One tensor to save: its name, stored dtype and shape, and memory (kept alive here)."""
 
-    __slots__ = ("address", "array", "cuda", "name", "nbytes", "stored_dtype", "stored_shape")
+    __slots__ = ("address", "array", "box", "cuda", "name", "nbytes", "stored_dtype",
+                 "stored_shape")
 
     name: str
     stored_dtype: str  # the C++ dtype short name
@@ -136,6 +137,9 @@ class Leaf:
     address: int
     nbytes: int
     cuda: int | None  # the GPU that holds it, None on the host
+    # A shard of a global tensor (a DTensor's local part): (global stored shape, its first
+    # index in each global dimension); None for a whole tensor.
+    box: tuple[list[int], list[int]] | None
 
     def spec(self) -> _core.TensorSpec:
         """The tensor as the C++ module takes it."""
@@ -156,10 +160,41 @@ def _cuda_ordinal(tensor: torch.Tensor, where: str) -> int | None:
                     "memory only: move it to the CPU first")
 
 
+def dtensor_box(tensor: torch.Tensor, where: str) -> tuple[torch.Tensor, list[int],
+                                                          list[int]] | None:
+    """For a DTensor sharded over its mesh: (its local part, the global shape, the local part's
+    first index in each global dimension); None for any other tensor and for a DTensor every
+    rank holds whole (a replica). ValueError for a DTensor with pending partial sums."""
+    import torch.distributed.tensor as dtensor
+
+    if not isinstance(tensor, dtensor.DTensor):
+        return None
+    placements = tensor.placements
+    if any(p.is_partial() for p in placements):
+        raise ValueError(f"tensor at {where} is a DTensor with a Partial placement (a sum not "
+                         "taken yet): save tensor.redistribute(...) or full_tensor()")
+    if all(p.is_replicate() for p in placements):
+        return None
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh,
+                                                      placements)
+    return tensor.to_local(), list(tensor.shape), [int(o) for o in offset]
+
+
 def _torch_leaf(tensor: torch.Tensor, names: list[str]) -> tuple[Leaf, Node]:
     import torch  # a tensor is in hand, so torch is loaded
 
     where = _where(names)
+    global_shape: list[int] | None = None
+    shard = dtensor_box(tensor, where) if type(tensor) is not torch.Tensor else None
+    if shard is not None:
+        tensor, global_shape, offset = shard
+    elif type(tensor) is not torch.Tensor:
+        import torch.distributed.tensor as dtensor
+
+        if isinstance(tensor, dtensor.DTensor):
+            tensor = tensor.to_local()  # a replicated DTensor: every rank holds it whole
     if tensor.layout != torch.strided:
         raise TypeError(f"tensor at {where} has layout {tensor.layout}; asyncckpt stores dense "
                         "tensors only: save tensor.to_dense()")
@@ -185,6 +220,11 @@ def _torch_leaf(tensor: torch.Tensor, names: list[str]) -> tuple[Leaf, Node]:
     leaf.array = tensor
     leaf.address = tensor.data_ptr()
     leaf.nbytes = tensor.numel() * tensor.element_size()
+    leaf.box = None
+    if global_shape is not None:
+        extra = [2] if is_complex else []
+        leaf.box = (global_shape + extra, offset + [0] * len(extra))
+        shape = global_shape  # the tree describes the global tensor
     node: Node = {"T": leaf.name, "k": "torch", "dt": canonical, "sh": shape}
     return leaf, node
 
@@ -213,6 +253,7 @@ def _numpy_leaf(array: npt.NDArray[Any], names: list[str]) -> tuple[Leaf, Node]:
     leaf.address = _address(array)
     leaf.nbytes = array.nbytes
     leaf.cuda = None
+    leaf.box = None
     node: Node = {"T": leaf.name, "k": "numpy", "dt": original_dtype, "sh": shape}
     return leaf, node
 
@@ -403,11 +444,16 @@ class Plan:
         # objects (their load_state_dict needs it all: a fresh optimizer's empty "state").
         self.whole: set[int] = set()
         self.missing: list[str] = []  # template positions the checkpoint lacks
+        self.boxes: dict[str, tuple[list[int], list[int]]] = {}  # shards read: name -> box
 
     def read(self, name: str, canonical: str, node_shape: list[int], array: Array, address: int,
-             cuda: int | None) -> None:
-        """Reads tensor ``name`` into ``array``'s memory at ``address``."""
+             cuda: int | None, box: tuple[list[int], list[int]] | None = None) -> None:
+        """Reads tensor ``name`` into ``array``'s memory at ``address``: the whole tensor, or
+        with ``box`` (global stored shape, first index) that box of it."""
         stored, _ = _dtypes.STORED[canonical]
+        if box is not None:
+            self.boxes[name] = box
+            node_shape = list(array.shape) + node_shape[len(array.shape):]
         nbytes = array.nbytes if isinstance(array, np.ndarray) else (
             array.numel() * array.element_size())
         self.specs.append((name, stored, node_shape, address, nbytes, cuda))
@@ -531,12 +577,24 @@ def fill_tensor(template: Array, node: Node, names: list[str], plan: Plan) -> No
         return
     import torch  # a tensor is in hand, so torch is loaded
 
+    box = None
+    if type(template) is not torch.Tensor:
+        shard = dtensor_box(template, where)
+        if shard is not None:  # this rank reads its own shard of the global tensor
+            template, global_shape, offset = shard
+            extra = [2] if _dtypes.STORED[canonical][1] else []
+            box = (global_shape + extra, offset + [0] * len(extra))
+        else:
+            import torch.distributed.tensor as dtensor
+
+            if isinstance(template, dtensor.DTensor):
+                template = template.to_local()  # a replica: read whole
     cuda = _cuda_ordinal(template, where)
     if template.is_contiguous() and not template.is_conj() and not template.is_neg():
-        plan.read(node["T"], canonical, stored_shape, template, template.data_ptr(), cuda)
+        plan.read(node["T"], canonical, stored_shape, template, template.data_ptr(), cuda, box)
     else:
         contiguous = torch.empty(template.shape, dtype=template.dtype, device=template.device)
-        plan.read(node["T"], canonical, stored_shape, contiguous, contiguous.data_ptr(), cuda)
+        plan.read(node["T"], canonical, stored_shape, contiguous, contiguous.data_ptr(), cuda, box)
         plan.copies.append((template, contiguous))
 
 

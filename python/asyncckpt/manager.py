@@ -10,6 +10,7 @@ import weakref
 from typing import TYPE_CHECKING, Any, Union
 
 from . import (
+    _coordination,
     _core,
     _dtypes,
     _logging,
@@ -127,11 +128,22 @@ class CheckpointManager:
     inserts that wait before each ``optimizer.step()``; without it, ``save`` makes the current
     stream wait at once. Raises RuntimeError when no GPU is visible.
 
+    Several processes (a ``torchrun`` job): every rank makes a manager over the same shared
+    directory and calls ``save`` / ``maybe_save`` / ``restore`` for the same steps, as it would a
+    collective. ``process_group`` (default: torch.distributed's default group, when it is
+    initialized with several ranks) or a ``coordinator`` (``asyncckpt._coordination``'s) names
+    the ranks. Each rank saves what it holds: a DTensor (FSDP2's parameters and optimizer state)
+    as its local shard of the global tensor, anything else as a replica written once; rank 0
+    commits each step once every rank's part is durable, all or nothing, and decides retention;
+    a failure on one rank fails the next save on every rank, naming it. ``restore`` reads each
+    rank's own shard, on any number of ranks.
+
     Not thread-safe beyond this: calls from several threads are serialised.
     """
 
     def __init__(self, directory: StrPath, *, save_interval_steps: int | None = None,
-                 asynchronous: bool = True, **options: Any) -> None:
+                 asynchronous: bool = True, process_group: Any = None,
+                 coordinator: _core.Coordinator | None = None, **options: Any) -> None:
         _check_schedule(options.get("save_steps"), options.get("save_secs"),
                         save_interval_steps)
         saver_options = _saver_options(options)
@@ -151,7 +163,13 @@ class CheckpointManager:
         self._directory = os.fspath(directory)
         self._on_error = saver_options.on_error
         self._allow_fresh_start = saver_options.allow_fresh_start
-        self._core = _core.Checkpointer(self._directory, saver_options, bool(asynchronous))
+        if coordinator is None:
+            coordinator = _coordination.default_coordinator(process_group)
+        elif process_group is not None:
+            raise ValueError("give process_group or coordinator, not both")
+        self._coordinator = coordinator
+        self._core = _core.Checkpointer(self._directory, saver_options, bool(asynchronous),
+                                        coordinator)
         self._closed = False
         self._finalizer = weakref.finalize(self, _close_quietly, self._core)
         self._saves = _saves.SaveTracker(self._core)
@@ -181,7 +199,8 @@ class CheckpointManager:
         specs = [leaf.spec() for leaf in leaves]
         try:
             with self._stream_ordering(specs):
-                self._core.save(step, specs, {**tree_metadata, **step_metadata})
+                self._core.save(step, specs, {**tree_metadata, **step_metadata},
+                                _boxes(leaves))
             self._last_submitted = step
             self._ledger.saved(step)
             future = self._saves.made(step)
@@ -196,7 +215,7 @@ class CheckpointManager:
         ``reserve_bytes``: staging for a state that will grow (0 sizes it for ``state``).
         """
         leaves, _ = _flatten(state, allow_pickle=True)  # sizes only: nothing is unpickled
-        self._core.prepare([leaf.spec() for leaf in leaves], int(reserve_bytes))
+        self._core.prepare([leaf.spec() for leaf in leaves], int(reserve_bytes), _boxes(leaves))
 
     def should_save(self, step: int) -> bool:
         """Whether ``maybe_save(step, ...)`` would save: with save_interval_steps,
@@ -232,7 +251,8 @@ class CheckpointManager:
         future = None
         try:
             with self._stream_ordering(specs):
-                taken = self._core.maybe_save(step, specs, {**tree_metadata, **step_metadata})
+                taken = self._core.maybe_save(step, specs, {**tree_metadata, **step_metadata},
+                                              _boxes(leaves))
             self._last_submitted = step  # seen by the C++ timer, saved or skipped
             if taken:
                 self._ledger.saved(step)
@@ -439,6 +459,11 @@ def _manager_signature() -> inspect.Signature:
 setattr(CheckpointManager.__init__, "__signature__", _manager_signature())  # noqa: B010
 
 
+def _boxes(leaves: list[_tree.Leaf]) -> dict[str, tuple[list[int], list[int]]]:
+    """The shards among ``leaves`` (DTensors' local parts): name -> (global shape, offset)."""
+    return {leaf.name: leaf.box for leaf in leaves if leaf.box is not None}
+
+
 def _flatten(state: object, allow_pickle: bool) -> tuple[list[_tree.Leaf], dict[str, str]]:
     """(leaves, metadata) of a state whose stateful objects give their state dicts. The caller
     keeps the leaves until the C++ call has copied them: they own the contiguous copies."""
@@ -467,7 +492,7 @@ def _restore_from(reader: _core.Reader, state: dict[Any, Any] | list[Any],
                          f"not in the checkpoint {reader.path}; pass partial=True to leave "
                          f"{'it' if len(plan.missing) == 1 else 'them'} as "
                          f"{'it is' if len(plan.missing) == 1 else 'they are'}")
-    reader.read_into(plan.specs)
+    reader.read_into(plan.specs, plan.boxes)
     plan.finish()
 
 
@@ -506,7 +531,7 @@ def _load_from(reader: _core.Reader) -> object:
         state = tensors
     else:
         state = _tree.build(tree, [], plan)
-    reader.read_into(plan.specs)
+    reader.read_into(plan.specs, plan.boxes)
     plan.finish()
     return state
 

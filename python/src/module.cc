@@ -180,7 +180,11 @@ std::shared_ptr<Device> CudaDevice(int ordinal) {
 using TensorSpec = std::tuple<std::string, std::string, std::vector<int64_t>, uintptr_t, size_t,
                               std::optional<int>>;
 
-TensorRegistry ToRegistry(const std::vector<TensorSpec>& specs) {
+// Shards of global tensors, by tensor name: (global shape, the shard's first index in each
+// global dimension). A tensor without one is whole (in a job of several processes, a replica).
+using ShardBoxes = std::map<std::string, std::pair<std::vector<int64_t>, std::vector<int64_t>>>;
+
+TensorRegistry ToRegistry(const std::vector<TensorSpec>& specs, const ShardBoxes& boxes = {}) {
   TensorRegistry registry;
   for (const auto& [name, dtype_name, shape, address, bytes, cuda_ordinal] : specs) {
     std::optional<DType> dtype = ParseDType(dtype_name);
@@ -189,11 +193,80 @@ TensorRegistry ToRegistry(const std::vector<TensorSpec>& specs) {
     }
     std::shared_ptr<Device> device;
     if (cuda_ordinal) device = CudaDevice(*cuda_ordinal);
-    Check(registry.add(TensorRef{
-        name, *dtype, shape, reinterpret_cast<void*>(address), bytes, std::move(device), {}, {}}));
+    std::vector<int64_t> global_shape, global_offset;
+    if (auto box = boxes.find(name); box != boxes.end()) {
+      global_shape = box->second.first;
+      global_offset = box->second.second;
+    }
+    Check(registry.add(TensorRef{name, *dtype, shape, reinterpret_cast<void*>(address), bytes,
+                                 std::move(device), std::move(global_shape),
+                                 std::move(global_offset)}));
   }
   return registry;
 }
+
+// A Coordinator whose collectives are Python callables (torch.distributed's, JAX's): called on
+// the thread that saves, which released the GIL for the save, so each call takes it back. A
+// callable that raises fails the collective with Unavailable, naming the exception.
+class PyCoordinator final : public Coordinator {
+ public:
+  PyCoordinator(int rank, int size, py::function broadcast, py::function all_gather)
+      : rank_(rank),
+        size_(size),
+        broadcast_(std::move(broadcast)),
+        all_gather_(std::move(all_gather)) {
+    if (size < 1 || rank < 0 || rank >= size) {
+      throw StatusError(Status::InvalidArgument("coordinator: rank " + std::to_string(rank) +
+                                                " of " + std::to_string(size) + " is no rank"));
+    }
+  }
+  ~PyCoordinator() override {
+    py::gil_scoped_acquire gil;
+    broadcast_ = py::object();
+    all_gather_ = py::object();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  Status broadcast(std::vector<uint8_t>& bytes, int root) override {
+    py::gil_scoped_acquire gil;
+    try {
+      py::bytes out =
+          broadcast_(py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size()), root);
+      const std::string text = out;
+      bytes.assign(text.begin(), text.end());
+      return Status::OK();
+    } catch (py::error_already_set& e) {
+      return Status::Unavailable("coordinator broadcast: " + std::string(e.what()));
+    }
+  }
+
+  Result<std::vector<std::vector<uint8_t>>> all_gather(std::span<const uint8_t> bytes) override {
+    py::gil_scoped_acquire gil;
+    try {
+      py::list gathered =
+          all_gather_(py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+      std::vector<std::vector<uint8_t>> out;
+      for (py::handle item : gathered) {
+        const std::string text = py::cast<py::bytes>(item);
+        out.emplace_back(text.begin(), text.end());
+      }
+      return out;
+    } catch (py::error_already_set& e) {
+      return Status::Unavailable("coordinator all_gather: " + std::string(e.what()));
+    } catch (py::cast_error& e) {
+      return Status::Unavailable("coordinator all_gather returned no list of bytes: " +
+                                 std::string(e.what()));
+    }
+  }
+
+ private:
+  const int rank_;
+  const int size_;
+  py::object broadcast_;
+  py::object all_gather_;
+};
 
 OnBusy ParseOnBusy(const std::string& value) {
   if (value == "wait") return OnBusy::kWait;
@@ -281,8 +354,8 @@ class PyReader {
 
   // Reads every described tensor into its memory, verified; names, dtypes and shapes must
   // match the checkpoint.
-  void read_into(const std::vector<TensorSpec>& specs) {
-    TensorRegistry registry = ToRegistry(specs);
+  void read_into(const std::vector<TensorSpec>& specs, const ShardBoxes& boxes) {
+    TensorRegistry registry = ToRegistry(specs, boxes);
     Check(WithoutGil([&] { return reader_->restore(registry); }));
   }
 
@@ -315,8 +388,9 @@ class PyCheckpointer {
   }
 
  public:
-  explicit PyCheckpointer(std::unique_ptr<Checkpointer> checkpointer)
-      : checkpointer_(std::move(checkpointer)) {}
+  PyCheckpointer(std::unique_ptr<Checkpointer> checkpointer,
+                 std::shared_ptr<PyCoordinator> coordinator)
+      : coordinator_(std::move(coordinator)), checkpointer_(std::move(checkpointer)) {}
 
   ~PyCheckpointer() {
     // Waits for saves in flight; without the GIL, so that nothing the engine's threads need
@@ -344,19 +418,20 @@ class PyCheckpointer {
   }
 
   void save(int64_t step, const std::vector<TensorSpec>& specs,
-            const std::map<std::string, std::string>& metadata) {
-    TensorRegistry registry = ToRegistry(specs);
+            const std::map<std::string, std::string>& metadata, const ShardBoxes& boxes) {
+    TensorRegistry registry = ToRegistry(specs, boxes);
     Check(Locked([&] { return checkpointer_->save(step, registry, metadata); }));
   }
 
-  void prepare(const std::vector<TensorSpec>& specs, uint64_t reserve_bytes) {
-    TensorRegistry registry = ToRegistry(specs);
+  void prepare(const std::vector<TensorSpec>& specs, uint64_t reserve_bytes,
+               const ShardBoxes& boxes) {
+    TensorRegistry registry = ToRegistry(specs, boxes);
     Check(Locked([&] { return checkpointer_->prepare(registry, reserve_bytes); }));
   }
 
   bool maybe_save(int64_t step, const std::vector<TensorSpec>& specs,
-                  const std::map<std::string, std::string>& metadata) {
-    TensorRegistry registry = ToRegistry(specs);
+                  const std::map<std::string, std::string>& metadata, const ShardBoxes& boxes) {
+    TensorRegistry registry = ToRegistry(specs, boxes);
     return Take(Locked([&] { return checkpointer_->maybe_save(step, registry, metadata); }));
   }
 
@@ -388,23 +463,29 @@ class PyCheckpointer {
 
  private:
   std::mutex mu_;
+  std::shared_ptr<PyCoordinator> coordinator_;  // before checkpointer_: outlives it
   std::unique_ptr<Checkpointer> checkpointer_;
 };
 
 // The Python manager's options: SaverOptions itself, bound field by field in the module below
 // (the one list of them; their defaults are SaverOptions', their ranges checked by Create).
-std::unique_ptr<PyCheckpointer> MakeCheckpointer(const std::string& directory, SaverOptions options,
-                                                 bool asynchronous) {
+std::unique_ptr<PyCheckpointer> MakeCheckpointer(
+    const std::string& directory, SaverOptions options, bool asynchronous,
+    std::optional<std::shared_ptr<PyCoordinator>> given) {
+  std::shared_ptr<PyCoordinator> coordinator = given.value_or(nullptr);
   options.checkpoint_dir = directory;
+  options.coordinator = coordinator.get();
   // The Python layer places the compute stream's wait itself: before the optimizer's update
   // when a step pre-hook is registered, else right after the save.
   options.cuda_defer_compute_wait = options.cuda_stream_ordered;
   // Constructing a manager only reads: the lock, clean-up and quarantine come at its first save.
-  return std::make_unique<PyCheckpointer>(Take(WithoutGil([&] {
-    return Checkpointer::Create(std::move(options),
-                                asynchronous ? SaveMode::kAsynchronous : SaveMode::kSynchronous,
-                                CheckpointerStart::kAtFirstSave);
-  })));
+  return std::make_unique<PyCheckpointer>(
+      Take(WithoutGil([&] {
+        return Checkpointer::Create(std::move(options),
+                                    asynchronous ? SaveMode::kAsynchronous : SaveMode::kSynchronous,
+                                    CheckpointerStart::kAtFirstSave);
+      })),
+      std::move(coordinator));
 }
 
 // Binds SaverOptions' fields that a Python caller sets, under the manager's names.
@@ -550,20 +631,31 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("wall_time", &PyReader::wall_time)
       .def("metadata", &PyReader::metadata)
       .def("tensors", &PyReader::tensors)
-      .def("read_into", &PyReader::read_into, py::arg("specs"))
+      .def("read_into", &PyReader::read_into, py::arg("specs"), py::arg("boxes") = ShardBoxes{})
       .def("read_stats", &PyReader::read_stats)
       .def("verify", &PyReader::verify);
 
+  py::class_<PyCoordinator, std::shared_ptr<PyCoordinator>>(
+      m, "Coordinator",
+      "A job's processes for the C++ Checkpointer: this rank, the number of ranks, and the two "
+      "collectives as callables (broadcast(bytes, root) -> bytes, all_gather(bytes) -> list of "
+      "bytes in rank order).")
+      .def(py::init<int, int, py::function, py::function>(), py::arg("rank"), py::arg("size"),
+           py::arg("broadcast"), py::arg("all_gather"))
+      .def_property_readonly("rank", &PyCoordinator::rank)
+      .def_property_readonly("size", &PyCoordinator::size);
   BindSaverOptions(m);
   py::class_<PyCheckpointer>(m, "Checkpointer")
       .def(py::init(&MakeCheckpointer), py::arg("directory"), py::arg("options"),
-           py::arg("asynchronous"))
+           py::arg("asynchronous"), py::arg("coordinator") = std::nullopt)
       .def("check_due", &PyCheckpointer::check_due, py::arg("step"))
       .def("due", &PyCheckpointer::due, py::arg("step"))
-      .def("save", &PyCheckpointer::save, py::arg("step"), py::arg("specs"), py::arg("metadata"))
-      .def("prepare", &PyCheckpointer::prepare, py::arg("specs"), py::arg("reserve_bytes") = 0)
+      .def("save", &PyCheckpointer::save, py::arg("step"), py::arg("specs"), py::arg("metadata"),
+           py::arg("boxes") = ShardBoxes{})
+      .def("prepare", &PyCheckpointer::prepare, py::arg("specs"), py::arg("reserve_bytes") = 0,
+           py::arg("boxes") = ShardBoxes{})
       .def("maybe_save", &PyCheckpointer::maybe_save, py::arg("step"), py::arg("specs"),
-           py::arg("metadata"))
+           py::arg("metadata"), py::arg("boxes") = ShardBoxes{})
       .def("wait_until_finished", &PyCheckpointer::wait_until_finished)
       .def("wait_for_finished_saves", &PyCheckpointer::wait_for_finished_saves, py::arg("finished"),
            py::arg("timeout_seconds"))

@@ -45,8 +45,9 @@ def _runtime_type(text):
 
 
 def _same_type(stub, runtime):
-    # pybind11 states a py::list or py::dict result without its items: the stub may say more.
-    if runtime in ("list", "dict"):
+    # pybind11 states a py::list, py::dict or py::function without its items or signature: the
+    # stub may say more.
+    if runtime in ("list", "dict", "Callable"):
         return stub == runtime or stub.startswith(runtime + "[")
     return stub == runtime
 

@@ -237,7 +237,8 @@ def test_the_options_are_the_cpp_saver_options_with_their_defaults():
     shown = inspect.signature(asyncckpt.CheckpointManager).parameters
     assert shown["queue_depth"].default == defaults.queue_depth
     assert shown["save_steps"].default is None
-    assert set(names) | {"directory", "save_interval_steps", "asynchronous"} == set(shown)
+    assert set(names) | {"directory", "save_interval_steps", "asynchronous", "process_group",
+                         "coordinator"} == set(shown)
 
 
 @pytest.mark.parametrize("asynchronous", [True, False])
