@@ -229,6 +229,12 @@ def _torch_leaf(tensor: torch.Tensor, names: list[str]) -> tuple[Leaf, Node]:
     return leaf, node
 
 
+def torch_leaf(tensor: torch.Tensor, name: str) -> Leaf:
+    """The leaf of a whole torch tensor stored under ``name`` (DCP's items)."""
+    leaf, _ = _torch_leaf(tensor, [name])
+    return leaf
+
+
 def _numpy_leaf(array: npt.NDArray[Any], names: list[str]) -> tuple[Leaf, Node]:
     where = _where(names)
     if isinstance(array, np.ma.MaskedArray):

@@ -25,7 +25,7 @@ from . import (
 from ._saves import SaveFuture, Stats
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Iterator, Mapping, Sequence
     from types import TracebackType
 
     import torch
@@ -52,8 +52,11 @@ def option_names() -> list[str]:
                   if isinstance(value, property))
 
 
-def _saver_options(options: dict[str, Any]) -> _core.SaverOptions:
-    """The C++ SaverOptions with ``options`` set; TypeError naming an unknown or ill-typed one.
+def _saver_options(options: Mapping[str, Any], owner: str = "CheckpointManager",
+                   own: Sequence[str] = ("save_interval_steps", "asynchronous")
+                   ) -> _core.SaverOptions:
+    """The C++ SaverOptions with ``options`` set; TypeError naming an unknown or ill-typed one
+    (``owner`` takes them, beside its ``own`` keywords).
 
     Defaults are SaverOptions' own and ranges are checked by the C++ Checkpointer's Create, so
     each is written and checked in one place.
@@ -62,8 +65,8 @@ def _saver_options(options: dict[str, Any]) -> _core.SaverOptions:
     known = option_names()
     for name, value in options.items():
         if name not in known:
-            raise TypeError(f"CheckpointManager got an unknown option {name!r}; its options are "
-                            f"save_interval_steps, asynchronous and {', '.join(known)}")
+            raise TypeError(f"{owner} got an unknown option {name!r}; its options are "
+                            f"{', '.join(own)} and {', '.join(known)}")
         expected = type(getattr(saver_options, name)).__name__
         try:
             # pybind11 takes True for an int; a step count or a size that is a bool is a slip.
