@@ -114,12 +114,44 @@ def _swap_in(value: object, swapped: list[tuple[dict[Any, Any] | list[Any], Any,
     try:
         for key, child in positions:
             if is_stateful(child):
+                _init_optimizer_state(child)
                 value[key] = state_dict_of(child)
                 swapped.append((value, key, child))
             else:
                 _swap_in(child, swapped, names + [str(key)], active)
     finally:
         active.discard(id(value))
+
+
+def _init_optimizer_state(obj: object) -> None:
+    """Gives a fresh torch optimizer of DTensor parameters (FSDP2) its state as DCP's
+    set_state_dict does: one step with zero gradients and a learning rate of 0, which changes no
+    parameter. Its state_dict() is empty until then, so a restore would build whole plain
+    tensors where its step expects DTensor shards like its parameters."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.optim.Optimizer) or obj.state:
+        return
+    params = [p for group in obj.param_groups for p in group["params"] if p.requires_grad]
+    if not any(type(p).__name__ == "DTensor" for p in params):
+        return  # plain parameters: the checkpoint's whole tensors are what the optimizer holds
+    if any(p.grad is not None for p in params):
+        return  # gradients of the user's own: not ours to replace
+    learning_rates = [group.get("lr") for group in obj.param_groups]
+    try:
+        for group in obj.param_groups:
+            if "lr" in group:
+                group["lr"] = torch.tensor(0.0) if isinstance(group["lr"], torch.Tensor) else 0.0
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        obj.step()
+    finally:
+        for group, learning_rate in zip(obj.param_groups, learning_rates):
+            if learning_rate is not None:
+                group["lr"] = learning_rate
+        for p in params:
+            p.grad = None
 
 
 @contextlib.contextmanager
