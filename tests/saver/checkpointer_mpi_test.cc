@@ -18,6 +18,7 @@
 #include "asyncckpt/mpi_coordinator.h"
 #include "asyncckpt/reader.h"
 #include "io/fault_injection_file_system.h"
+#include "tests/support/shared_temp_dir.h"
 #include "tests/support/tensor_ref.h"
 
 namespace asyncckpt {
@@ -39,14 +40,10 @@ class CheckpointerMpiTest : public ::testing::TestWithParam<bool> {
     coordinator_ = std::move(made).value();
     rank_ = coordinator_->rank();
     world_ = coordinator_->size();
-    std::vector<uint8_t> path;
-    if (rank_ == 0) {
-      std::string pattern = (fs::temp_directory_path() / "asyncckpt-ckptr-mpi-XXXXXX").string();
-      ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-      path.assign(pattern.begin(), pattern.end());
-    }
-    ASSERT_TRUE(coordinator_->broadcast(path, 0).ok());
-    dir_ = std::string(path.begin(), path.end()) + "/ckpt";
+    Result<std::string> job_dir =
+        testing_support::SharedTempDir(*coordinator_, "asyncckpt-ckptr-mpi");
+    ASSERT_TRUE(job_dir.ok()) << job_dir.status().ToString();
+    dir_ = *job_dir + "/ckpt";
     rows_.resize(size_t(kRowsPerRank * kColumns));
   }
 

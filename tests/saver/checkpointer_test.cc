@@ -21,6 +21,7 @@
 #include "asyncckpt/xtensor.h"
 #include "io/fault_injection_file_system.h"
 #include "tests/io/gated_file_system.h"
+#include "tests/support/tensor_ref.h"
 
 namespace asyncckpt {
 namespace {
@@ -463,14 +464,8 @@ TEST(CheckpointerBusyTest, WithOnBusySkipMaybeSaveSkipsWhileStagingIsHeld) {
   std::vector<float> weights(1000, 1.f);
   TensorRegistry registry;
   ASSERT_TRUE(registry
-                  .add({"w",
-                        DType::kF32,
-                        {1000},
-                        weights.data(),
-                        weights.size() * sizeof(float),
-                        nullptr,
-                        {},
-                        {}})
+                  .add(testing_support::Ref("w", DType::kF32, {1000}, weights.data(),
+                                            weights.size() * sizeof(float)))
                   .ok());
   SaverOptions options;
   options.checkpoint_dir = dir;
@@ -565,14 +560,8 @@ TEST(CheckpointerFinishedSavesTest, WaitsForTheNthSaveOrTheTimeout) {
   std::vector<float> weights(1000, 1.f);
   TensorRegistry registry;
   ASSERT_TRUE(registry
-                  .add({"w",
-                        DType::kF32,
-                        {1000},
-                        weights.data(),
-                        weights.size() * sizeof(float),
-                        nullptr,
-                        {},
-                        {}})
+                  .add(testing_support::Ref("w", DType::kF32, {1000}, weights.data(),
+                                            weights.size() * sizeof(float)))
                   .ok());
   SaverOptions options;
   options.checkpoint_dir = dir;

@@ -25,6 +25,7 @@
 #include "asyncckpt/timer.h"
 #include "io/fault_injection_file_system.h"
 #include "src/format/format.h"
+#include "tests/support/shared_temp_dir.h"
 #include "tests/support/tensor_ref.h"
 
 namespace asyncckpt {
@@ -58,15 +59,10 @@ class SaverMpiTest : public ::testing::TestWithParam<bool> {
     ASSERT_TRUE(made.ok()) << made.status().ToString();
     coordinator_ = std::move(made).value();
     rank_ = coordinator_->rank();
-    // Rank 0 names the job's directory; every rank learns it.
-    std::vector<uint8_t> path;
-    if (rank_ == 0) {
-      std::string pattern = (fs::temp_directory_path() / "asyncckpt-saver-mpi-XXXXXX").string();
-      ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-      path.assign(pattern.begin(), pattern.end());
-    }
-    ASSERT_TRUE(coordinator_->broadcast(path, 0).ok());
-    job_dir_ = std::string(path.begin(), path.end());
+    Result<std::string> job_dir =
+        testing_support::SharedTempDir(*coordinator_, "asyncckpt-saver-mpi");
+    ASSERT_TRUE(job_dir.ok()) << job_dir.status().ToString();
+    job_dir_ = *job_dir;
   }
 
   void TearDown() override {
