@@ -68,11 +68,6 @@ _DCP_KEY_PREFIX = "asyncckpt.torch.dcp."
 _PIECE_CHARS = 512 * 1024
 
 
-def _fqn_name(fqn: str) -> str:
-    """The tensor name an item of fully qualified name ``fqn`` is stored under."""
-    return fqn
-
-
 class StorageWriter(_DcpStorageWriter):
     """DCP's StorageWriter over asyncckpt: each ``dcp.save`` writes one step of ``path``.
 
@@ -161,7 +156,7 @@ class _Items:
         self._keep: list[Any] = []
 
     def add(self, item: WriteItem, data: Any) -> WriteResult:
-        name = _fqn_name(item.index.fqn)
+        name = item.index.fqn  # an item is stored under its fully qualified name
         if item.type == WriteItemType.BYTE_IO:
             buffer = np.frombuffer(data.getvalue() if isinstance(data, io.BytesIO) else bytes(data),
                                    dtype=np.uint8).copy()
@@ -355,11 +350,11 @@ def _metadata_of(reader: _core.Reader, names: dict[str, str],
     if pieces:  # written by StorageWriter
         described = json.loads("".join(user[k] for k in pieces))
         for fqn, entry in described["tensors"].items():
-            names[fqn] = _fqn_name(fqn)
+            names[fqn] = fqn
             state[fqn] = _tensor_metadata(entry["dtype"], entry["size"],
                                           entry.get("requires_grad", False))
         for fqn in described["bytes"]:
-            names[fqn] = _fqn_name(fqn)
+            names[fqn] = fqn
             state[fqn] = BytesStorageMetadata()
         planner_data = {fqn: tuple(path) for fqn, path in described["planner_data"].items()}
     else:
