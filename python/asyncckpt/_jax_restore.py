@@ -36,7 +36,9 @@ def _lookup(root: _tree.Node, components: list[str | int]) -> _tree.Node | None:
 
 
 class _ArrayRead:
-    """One target array: its buffers per box, read in rounds, then put on its devices."""
+    """One target array: the box of it this process addresses, read in one piece when its
+    devices' boxes tile one box (the usual layouts), else box by box in rounds; then each
+    device's part is put on its device."""
 
     def __init__(self, position: int, shape: tuple[int, ...], sharding: jax.sharding.Sharding,
                  dtype: np.dtype[Any]) -> None:
@@ -44,21 +46,31 @@ class _ArrayRead:
         self.shape = shape
         self.sharding = sharding
         self.device_boxes: dict[Any, Box] = {}
-        self.buffers: dict[Box, np.ndarray[Any, Any]] = {}
         for device, index in sharding.addressable_devices_indices_map(shape).items():
             if index is None:
                 raise ValueError(f"the target sharding {sharding} gives no index for {device}")
-            box = _jax_tree.box_of(index, shape)
-            self.device_boxes[device] = box
-            if box not in self.buffers:
-                self.buffers[box] = np.empty(box[1], dtype=dtype)
+            self.device_boxes[device] = _jax_tree.box_of(index, shape)
+        unique = set(self.device_boxes.values())
+        bounding = _jax_tree.bounding_box(unique, len(shape))
+        if _jax_tree.tiles(unique, bounding):
+            unique = {bounding}
+        self.buffers = {box: np.empty(box[1], dtype=dtype) for box in sorted(unique)}
 
     def build(self) -> jax.Array:
         import jax
 
-        pieces = [jax.device_put(self.buffers[box], device)
+        pieces = [jax.device_put(self._part(box), device)
                   for device, box in self.device_boxes.items()]
         return jax.make_array_from_single_device_arrays(self.shape, self.sharding, pieces)
+
+    def _part(self, box: Box) -> np.ndarray[Any, Any]:
+        """A device's box, a view of the buffer read for the box that holds it."""
+        if box in self.buffers:
+            return self.buffers[box]
+        # Not a buffer of its own: the buffers are the one bounding box.
+        first, extent = box
+        (outer_first, _), buffer = next(iter(self.buffers.items()))
+        return buffer[tuple(slice(f - o, f - o + e) for f, o, e in zip(first, outer_first, extent))]
 
 
 def _target_of(leaf: object) -> tuple[tuple[int, ...], np.dtype[Any],

@@ -109,15 +109,25 @@ def box_of(index: tuple[slice, ...], shape: tuple[int, ...]) -> Box:
     return tuple(first), tuple(extent)
 
 
+def bounding_box(boxes: set[Box], rank: int) -> Box:
+    """The smallest box that holds every one of ``boxes`` (of arrays of ``rank`` dimensions)."""
+    lows = [min(first[d] for first, _ in boxes) for d in range(rank)]
+    highs = [max(first[d] + extent[d] for first, extent in boxes) for d in range(rank)]
+    return tuple(lows), tuple(h - lo for h, lo in zip(highs, lows))
+
+
+def tiles(boxes: set[Box], bounding: Box) -> bool:
+    """Whether distinct, disjoint ``boxes`` (a sharding's) fill ``bounding`` exactly."""
+    return sum(math.prod(extent) for _, extent in boxes) == math.prod(bounding[1])
+
+
 def process_box(array: jax.Array, where: str) -> Box:
     """The box of ``array`` that this process addresses: its unique shards, which must tile one
     box (ValueError naming the leaf otherwise)."""
     shape = tuple(array.shape)
     boxes = {box_of(shard.index, shape) for shard in array.addressable_shards}
-    lows = [min(first[d] for first, _ in boxes) for d in range(len(shape))]
-    highs = [max(first[d] + extent[d] for first, extent in boxes) for d in range(len(shape))]
-    bounding = (tuple(lows), tuple(h - lo for h, lo in zip(highs, lows)))
-    if sum(math.prod(extent) for _, extent in boxes) != math.prod(bounding[1]):
+    bounding = bounding_box(boxes, len(shape))
+    if not tiles(boxes, bounding):
         raise ValueError(f"array at {where}: the shards this process addresses do not form one "
                          f"box of its global shape {shape} (boxes {sorted(boxes)}); use a "
                          "sharding whose devices on each process hold one contiguous block")
