@@ -46,9 +46,22 @@ WORKER = textwrap.dedent("""
         restored = manager.restore({"rows": target(P("x", "proc")),
                                     "replicated": target(P(("proc", "x"))),
                                     "cols": target(P()), "step": 0})
-        for name in ("rows", "replicated", "cols"):
+        # A mesh whose devices alternate between the processes: each process addresses every
+        # other block of rows, not one box. Restored box by box; refused on save, naming it.
+        by_process = [jax.local_devices(process_index=p) for p in (0, 1)]
+        alternating = Mesh(np.array([d for pair in zip(*by_process) for d in pair]), ("all",))
+        spread = NamedSharding(alternating, P("all"))
+        restored["spread"] = manager.restore(
+            {"rows": jax.ShapeDtypeStruct(full.shape, jnp.float32, sharding=spread)})["rows"]
+        for name in ("rows", "replicated", "cols", "spread"):
             for shard in restored[name].addressable_shards:
                 assert np.array_equal(np.asarray(shard.data), full[shard.index]), name
+        try:
+            manager.save(6, {"spread": jax.make_array_from_callback(
+                full.shape, spread, lambda index: full[index])})
+        except ValueError as error:
+            assert "'spread'" in str(error) and "one box" in str(error), error
+            print("REFUSED", flush=True)
         print("OK", rank, restored["step"], manager.all_steps(), sorted(stored.items()),
               flush=True)
 """)
@@ -83,5 +96,6 @@ def test_two_processes_save_their_shards_once_and_restore_another_sharding(tmp_p
     whole = 8 * 16 * 4
     for rank, (process, out) in enumerate(zip(processes, outputs)):
         assert process.returncode == 0, out
+        assert "REFUSED" in out, out
         assert (f"OK {rank} 5 [5] [('cols', {whole}), ('replicated', {whole}), "
                 f"('rows', {whole})]") in out, out
