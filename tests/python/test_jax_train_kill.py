@@ -5,7 +5,6 @@ checkpoint restores onto a mesh of 4 devices bit for bit and trains on from ther
 
 import json
 import random
-import signal
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ import pytest
 
 pytest.importorskip("jax")
 
-from conftest import SOURCE_DIR
+from conftest import SOURCE_DIR, run_and_kill
 
 EXAMPLE = SOURCE_DIR / "examples" / "jax_train.py"
 STEPS = 200
@@ -26,26 +25,6 @@ def command(checkpoint_dir, *extra, steps=STEPS):
             "--steps", str(steps), "--save-interval-steps", str(SAVE_STEPS), *extra]
 
 
-def run_and_kill(checkpoint_dir, steps_before_kill):
-    """Starts the example, SIGKILLs it once it has printed `steps_before_kill` steps; returns the
-    step it resumed from (0 for a fresh start)."""
-    process = subprocess.Popen(command(checkpoint_dir, "--progress"), stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True)
-    resumed_from = 0
-    seen = 0
-    for line in process.stdout:
-        if line.startswith("resumed from step "):
-            resumed_from = int(line.split()[-1])
-        elif line.startswith("step ") and len(line.split()) == 2:
-            seen += 1
-            if seen == steps_before_kill:
-                process.send_signal(signal.SIGKILL)
-                break
-    process.stdout.close()
-    assert process.wait() == -signal.SIGKILL, "the run ended before it could be killed"
-    return resumed_from
-
-
 def finish(checkpoint_dir, digest_file, *extra, steps=STEPS):
     done = subprocess.run(command(checkpoint_dir, "--digest-file", str(digest_file), *extra,
                                   steps=steps), check=True, capture_output=True, text=True)
@@ -56,8 +35,8 @@ def test_a_job_killed_ten_times_ends_bit_identical_to_an_uninterrupted_one(tmp_p
     expected, _ = finish(tmp_path / "uninterrupted", tmp_path / "uninterrupted.json")
 
     rng = random.Random(20261127)
-    resumes = [run_and_kill(tmp_path / "killed", rng.randint(3, STEPS // (KILLS + 1)))
-               for _ in range(KILLS)]
+    resumes = [run_and_kill(command(tmp_path / "killed", "--progress"),
+                            rng.randint(3, STEPS // (KILLS + 1))) for _ in range(KILLS)]
     got, output = finish(tmp_path / "killed", tmp_path / "killed.json")
     print(f"killed runs resumed from steps {resumes}")
 
