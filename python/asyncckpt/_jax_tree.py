@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import math
 from typing import TYPE_CHECKING, Any, cast
 
@@ -156,7 +157,9 @@ class HostStaging:
             del self._buffers[name]
 
 
-_current_staging: list[HostStaging] = []
+# The staging of the save under way on this thread (saves on several threads keep theirs).
+_current_staging: contextvars.ContextVar[HostStaging | None] = contextvars.ContextVar(
+    "asyncckpt_jax_staging", default=None)
 
 
 def _host_part(array: jax.Array, name: str, box: Box) -> np.ndarray[Any, Any]:
@@ -169,7 +172,7 @@ def _host_part(array: jax.Array, name: str, box: Box) -> np.ndarray[Any, Any]:
         unique.setdefault(box_of(shard.index, shape), shard)
     if len(unique) == 1:
         return np.asarray(next(iter(unique.values())).data)
-    staging = _current_staging[-1] if _current_staging else HostStaging()
+    staging = _current_staging.get() or HostStaging()
     buffer = staging.buffer(name, extent, np.dtype(array.dtype))
     for (shard_first, shard_extent), shard in unique.items():
         where = tuple(slice(f - b, f - b + e) for f, b, e in zip(shard_first, first, shard_extent))
@@ -218,11 +221,11 @@ def saving(state: object, staging: HostStaging) -> Iterator[None]:
     for leaf in tree_util.tree_leaves(state):
         if is_jax_array(leaf):
             leaf.copy_to_host_async()
-    _current_staging.append(staging)
+    token = _current_staging.set(staging)
     try:
         yield
     finally:
-        _current_staging.pop()
+        _current_staging.reset(token)
 
 
 _tree.FOREIGN_LEAVES.append(jax_leaf)
