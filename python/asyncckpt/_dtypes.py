@@ -81,3 +81,14 @@ def torch_dtype(canonical: str) -> torch.dtype | None:
 def numpy_dtype(canonical: str) -> np.dtype[Any] | None:
     """The NumPy dtype of a canonical name, or None when NumPy has none (bfloat16, float8)."""
     return np.dtype(canonical) if canonical in _NUMPY_NAMES else None
+
+
+def numpy_or_ml_dtype(canonical: str) -> np.dtype[Any]:
+    """The NumPy dtype of a canonical name, from ml_dtypes (JAX's) for bfloat16 and float8."""
+    dtype = numpy_dtype(canonical)
+    if dtype is not None:
+        return dtype
+    import ml_dtypes  # installed with jax, which is what writes these dtypes as NumPy arrays
+
+    found: np.dtype[Any] = np.dtype(getattr(ml_dtypes, canonical))
+    return found

@@ -26,7 +26,7 @@ import numpy as np
 from . import _dtypes, _pickled, _shared
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from typing import TypeAlias, TypeGuard
 
     import numpy.typing as npt
@@ -334,6 +334,11 @@ def _dict_key_component(key: object, names: list[str]) -> str:
                     f"{type(key).__name__}; asyncckpt stores str and int keys only")
 
 
+# Arrays of other libraries (asyncckpt.jax registers jax.Array's): each maker returns the leaf
+# and tree node of a value it knows, None for any other. Registered by the module that knows
+# the library, so this one imports none.
+FOREIGN_LEAVES: list[Callable[[object, list[str]], tuple[Leaf, Node] | None]] = []
+
 MAX_DEPTH = 100  # containers nested deeper than this are refused (Python's stack is finite)
 
 
@@ -364,6 +369,11 @@ def _flatten(value: object, names: list[str], leaves: list[Leaf], allow_arrays: 
                       else _torch_leaf(value, names))
         leaves.append(leaf)
         return node
+    for make_leaf in FOREIGN_LEAVES:
+        made = make_leaf(value, names) if allow_arrays else None
+        if made is not None:
+            leaves.append(made[0])
+            return made[1]
     return encode_value(value, _where(names))
 
 
@@ -429,7 +439,8 @@ def read_tree(user_metadata: Mapping[str, str], path: str) -> Node | None:
 
 def node_canonical(node: Node) -> str:
     """The canonical dtype name of a tensor node."""
-    return node["dt"] if node["k"] == "torch" else np.dtype(node["dt"]).name
+    # "numpy" keeps dtype.str (with its byte order); "torch" and "jax" the canonical name.
+    return np.dtype(node["dt"]).name if node["k"] == "numpy" else node["dt"]
 
 
 def _stored_shape(node: Node, canonical: str) -> list[int]:
@@ -495,6 +506,8 @@ def new_array(node: Node, where: str) -> Array:
             raise TypeError(f"tensor at {where} has dtype {canonical}, which this torch "
                             f"({torch.__version__}) lacks")
         return torch.empty(node["sh"], dtype=dtype)
+    if node["k"] == "jax":  # comes back as NumPy (ml_dtypes' for bfloat16 and float8)
+        return np.empty(node["sh"], dtype=_dtypes.numpy_or_ml_dtype(canonical))
     return np.empty(node["sh"], dtype=np.dtype(node["dt"]).newbyteorder("="))
 
 

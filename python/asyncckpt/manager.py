@@ -198,7 +198,7 @@ class CheckpointManager:
         step = _steps.check_step(step)
         self._ledger.check_new(step, force, self._core.checkpoint_path)
         step_metadata = _step_metadata.encode(metrics, metadata)
-        leaves, tree_metadata = _flatten(state, allow_pickle)
+        leaves, tree_metadata = self._flatten_state(state, allow_pickle)
         specs = [leaf.spec() for leaf in leaves]
         try:
             with self._stream_ordering(specs):
@@ -217,8 +217,14 @@ class CheckpointManager:
 
         ``reserve_bytes``: staging for a state that will grow (0 sizes it for ``state``).
         """
-        leaves, _ = _flatten(state, allow_pickle=True)  # sizes only: nothing is unpickled
+        leaves, _ = self._flatten_state(state, allow_pickle=True)  # sizes only: no unpickling
         self._core.prepare([leaf.spec() for leaf in leaves], int(reserve_bytes), _boxes(leaves))
+
+    def _flatten_state(self, state: object,
+                       allow_pickle: bool) -> tuple[list[_tree.Leaf], dict[str, str]]:
+        """The leaves and tree metadata of ``state``; a framework's manager (asyncckpt.jax)
+        turns its own containers and arrays into these first."""
+        return _flatten(state, allow_pickle)
 
     def should_save(self, step: int) -> bool:
         """Whether ``maybe_save(step, ...)`` would save: with save_interval_steps,
@@ -249,7 +255,7 @@ class CheckpointManager:
             return None
         step = _steps.check_step(step)
         step_metadata = _step_metadata.encode(metrics, metadata)
-        leaves, tree_metadata = _flatten(state, allow_pickle)
+        leaves, tree_metadata = self._flatten_state(state, allow_pickle)
         specs = [leaf.spec() for leaf in leaves]
         future = None
         try:

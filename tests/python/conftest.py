@@ -6,6 +6,8 @@ tree's package (build/python) and ASYNCCKPT_SOURCE_DIR / ASYNCCKPT_BUILD_DIR set
 
 import os
 import pathlib
+import signal
+import subprocess
 
 import pytest
 
@@ -20,3 +22,23 @@ def ckpt_dir(tmp_path):
     path = tmp_path / "ckpt"
     path.mkdir()
     return path
+
+
+def run_and_kill(command, steps_before_kill):
+    """Starts a training example (``command``, with --progress), SIGKILLs it once it has printed
+    ``steps_before_kill`` lines "step N"; returns the step it resumed from (0: a fresh start)."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               text=True)
+    resumed_from = 0
+    seen = 0
+    for line in process.stdout:
+        if line.startswith("resumed from step "):
+            resumed_from = int(line.split()[-1])
+        elif line.startswith("step ") and len(line.split()) == 2:
+            seen += 1
+            if seen == steps_before_kill:
+                process.send_signal(signal.SIGKILL)
+                break
+    process.stdout.close()
+    assert process.wait() == -signal.SIGKILL, "the run ended before it could be killed"
+    return resumed_from

@@ -4,7 +4,6 @@ for bit, and the same accuracy; every resume is from a multiple of --save-interv
 
 import json
 import random
-import signal
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from conftest import SOURCE_DIR
+from conftest import SOURCE_DIR, run_and_kill
 
 EXAMPLE = SOURCE_DIR / "examples" / "pytorch_train.py"
 STEPS = 400
@@ -23,26 +22,6 @@ SAVE_STEPS = 10
 def command(checkpoint_dir, *extra):
     return [sys.executable, str(EXAMPLE), "--checkpoint-dir", str(checkpoint_dir),
             "--steps", str(STEPS), "--save-interval-steps", str(SAVE_STEPS), "--eval-every", "100", *extra]
-
-
-def run_and_kill(checkpoint_dir, steps_before_kill):
-    """Starts the example, SIGKILLs it once it has printed `steps_before_kill` steps; returns the
-    step it resumed from (0 for a fresh start)."""
-    process = subprocess.Popen(command(checkpoint_dir, "--progress"), stdout=subprocess.PIPE,
-                               stderr=subprocess.DEVNULL, text=True)
-    resumed_from = 0
-    seen = 0
-    for line in process.stdout:
-        if line.startswith("resumed from step "):
-            resumed_from = int(line.split()[-1])
-        elif line.startswith("step ") and len(line.split()) == 2:
-            seen += 1
-            if seen == steps_before_kill:
-                process.send_signal(signal.SIGKILL)
-                break
-    process.stdout.close()
-    assert process.wait() == -signal.SIGKILL, "the run ended before it could be killed"
-    return resumed_from
 
 
 def finish(checkpoint_dir, digest_file):
@@ -57,7 +36,8 @@ def test_a_job_killed_at_random_steps_ends_bit_identical_to_an_uninterrupted_one
     rng = random.Random(20240610)
     resumes = []
     for _ in range(KILLS):
-        resumes.append(run_and_kill(tmp_path / "killed", rng.randint(5, STEPS // (KILLS + 1))))
+        resumes.append(run_and_kill(command(tmp_path / "killed", "--progress"),
+                                    rng.randint(5, STEPS // (KILLS + 1))))
     got, output = finish(tmp_path / "killed", tmp_path / "killed.json")
     print(f"killed runs resumed from steps {resumes}")
 

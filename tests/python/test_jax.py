@@ -1,0 +1,234 @@
+"""asyncckpt.jax: sharded jax.Array pytrees saved by the engine and restored onto any mesh and
+sharding, on 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8)."""
+
+import collections
+import os
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                           + " --xla_force_host_platform_device_count=8")
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import asyncckpt
+import asyncckpt.jax
+from asyncckpt import _jax_tree
+
+pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (CPU) devices")
+
+Adam = collections.namedtuple("Adam", ["mu", "nu", "count"])
+
+
+class Batches:
+    """A data iterator with its position as state."""
+
+    def __init__(self):
+        self.position = 0
+
+    def state_dict(self):
+        return {"position": self.position}
+
+    def load_state_dict(self, state):
+        self.position = state["position"]
+
+
+def mesh(devices, shape, names):
+    return Mesh(np.array(jax.devices()[:devices]).reshape(shape), names)
+
+
+def put(array, sharding):
+    return jax.device_put(array, sharding)
+
+
+def bits(array):
+    """The array's bytes, for bit-exact comparison (NaN payloads, -0.0 included)."""
+    host = np.asarray(array)
+    return host.dtype.str, host.shape, host.tobytes()
+
+
+@pytest.fixture
+def state():
+    mesh8 = mesh(8, (4, 2), ("data", "model"))
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 16), dtype=np.float32)
+    w[0, 0] = -0.0
+    w[0, 1] = np.float32("nan")
+    return {
+        "params": {
+            "w": put(w, NamedSharding(mesh8, P("data", "model"))),
+            "b": put(jnp.arange(16, dtype=jnp.bfloat16), NamedSharding(mesh8, P())),
+            "z": put((rng.standard_normal(32) + 1j).astype(np.complex64),
+                     NamedSharding(mesh8, P(("data", "model")))),
+        },
+        "opt": Adam(mu=put(np.ones((64, 16), np.float32), NamedSharding(mesh8, P(None, "model"))),
+                    nu=put(np.full((64, 16), 2, np.int32), NamedSharding(mesh8, P("data"))),
+                    count=jnp.asarray(7, jnp.int32)),
+        "host": np.arange(6, dtype=np.int64).reshape(2, 3),
+        "step": 12,
+        "lr": 0.001,
+    }
+
+
+def abstract(tree, shardings=None):
+    """A pytree of ShapeDtypeStruct with ``shardings`` (a function of the path) or none."""
+    def to_struct(path, leaf):
+        if not isinstance(leaf, jax.Array):
+            return leaf
+        sharding = shardings(path, leaf) if shardings else leaf.sharding
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+
+    return jax.tree_util.tree_map_with_path(to_struct, tree)
+
+
+def test_restores_eight_device_shards_onto_four_devices_bit_exact(ckpt_dir, state):
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(12, state).result()
+        mesh4 = mesh(4, (4,), ("x",))
+
+        def on_four(path, leaf):
+            return NamedSharding(mesh4, P(*(["x"] + [None] * (leaf.ndim - 1))[:leaf.ndim]))
+
+        restored = manager.restore(abstract(state, on_four))
+    for before, after in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(restored)):
+        if isinstance(before, jax.Array):
+            assert after.sharding.mesh.devices.size == 4
+            assert len(after.addressable_shards) == 4
+        assert bits(after) == bits(before)
+    assert isinstance(restored["opt"], Adam)
+    assert restored["step"] == 12 and restored["lr"] == 0.001
+
+
+def test_restores_replicated_as_sharded_and_sharded_as_replicated(ckpt_dir, state):
+    mesh8 = mesh(8, (8,), ("x",))
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, state).result()
+        target = {"params": {"b": jax.ShapeDtypeStruct((16,), jnp.bfloat16,
+                                                       sharding=NamedSharding(mesh8, P("x"))),
+                             "w": jax.ShapeDtypeStruct((64, 16), jnp.float32,
+                                                       sharding=NamedSharding(mesh8, P()))}}
+        restored = manager.restore(target, partial=True)
+    b, w = restored["params"]["b"], restored["params"]["w"]
+    assert [s.data.shape for s in b.addressable_shards] == [(2,)] * 8
+    assert [s.data.shape for s in w.addressable_shards] == [(64, 16)] * 8
+    assert bits(b) == bits(state["params"]["b"]) and bits(w) == bits(state["params"]["w"])
+
+
+def test_stores_each_array_once_with_its_global_shape(ckpt_dir, state):
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, state).result()
+        manager.wait_until_finished()
+        tensors = {name: (dtype, shape, nbytes)
+                   for name, dtype, shape, nbytes, _ in manager._core.open(1).tensors()}
+    # A replicated array (held by 8 devices) and a sharded one are each stored once, whole.
+    assert tensors["params/b"] == ("bf16", [16], 32)
+    assert tensors["params/w"] == ("f32", [64, 16], 64 * 16 * 4)
+    assert tensors["params/z"] == ("f32", [32, 2], 32 * 8)
+    assert tensors["opt/nu"] == ("i32", [64, 16], 64 * 16 * 4)
+
+
+def test_a_mismatching_dtype_or_shape_raises_naming_the_leaf(ckpt_dir, state):
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, state).result()
+        wrong_dtype = abstract(state)
+        wrong_dtype["opt"] = wrong_dtype["opt"]._replace(
+            nu=jax.ShapeDtypeStruct((64, 16), jnp.float32))
+        with pytest.raises(ValueError, match=r"\['opt'\]\.nu.*dtype int32.*dtype float32"):
+            manager.restore(wrong_dtype)
+        wrong_shape = abstract(state)
+        wrong_shape["params"]["w"] = jax.ShapeDtypeStruct((16, 64), jnp.float32)
+        with pytest.raises(ValueError, match=r"\['params'\]\['w'\].*\(64, 16\).*\(16, 64\)"):
+            manager.restore(wrong_shape)
+
+
+def test_a_leaf_the_checkpoint_lacks_raises_unless_partial(ckpt_dir, state):
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, state).result()
+        target = {"params": {"w": jax.ShapeDtypeStruct((64, 16), jnp.float32),
+                             "new": jax.ShapeDtypeStruct((3,), jnp.float32)}}
+        with pytest.raises(ValueError, match=r"\['params'\]\['new'\] is in the target"):
+            manager.restore(target)
+        restored = manager.restore(target, partial=True)
+    assert restored["params"]["new"] is target["params"]["new"]
+    assert bits(restored["params"]["w"]) == bits(state["params"]["w"])
+
+
+def test_restores_a_data_iterator_in_place_beside_the_arrays(ckpt_dir, state):
+    batches = Batches()
+    batches.position = 41
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, {"state": state, "data": batches}).result()
+        fresh = Batches()
+        restored = manager.restore({"state": abstract(state), "data": fresh})
+    assert restored["data"] is fresh and fresh.position == 41
+    assert bits(restored["state"]["opt"].count) == bits(state["opt"].count)
+
+
+def test_restore_onto_arrays_takes_their_sharding(ckpt_dir, state):
+    mesh2 = mesh(2, (2,), ("x",))
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, state).result()
+        target = {"params": {"w": put(jnp.zeros((64, 16)), NamedSharding(mesh2, P(None, "x")))}}
+        restored = manager.restore(target, partial=True)
+    assert restored["params"]["w"].sharding == target["params"]["w"].sharding
+    assert bits(restored["params"]["w"]) == bits(state["params"]["w"])
+
+
+def test_shares_the_managers_schedule_steps_and_retention(ckpt_dir, state):
+    with asyncckpt.jax.CheckpointManager(ckpt_dir, save_interval_steps=2,
+                                         max_to_keep=2) as manager:
+        taken = [step for step in range(1, 8) if manager.maybe_save(step, state)]
+        manager.wait_until_finished()
+        assert taken == [2, 4, 6]
+        assert manager.all_steps() == [4, 6] and manager.latest_step() == 6
+        with pytest.raises(asyncckpt.StepAlreadyExistsError):
+            manager.save(6, state)
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        assert manager.restore(abstract(state))["step"] == 12
+    assert asyncckpt.jax.CheckpointManager(ckpt_dir / "empty").restore(abstract(state)) is None
+
+
+def test_gathers_shards_into_host_staging_kept_across_saves(ckpt_dir, state):
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, state).result()
+        first = dict(manager._staging._buffers)
+        manager.save(2, state)
+        assert first and all(manager._staging._buffers[k] is v for k, v in first.items())
+        manager.wait_until_finished()
+        restored = manager.restore(abstract(state))
+    assert bits(restored["params"]["w"]) == bits(state["params"]["w"])
+
+
+def test_starts_every_device_to_host_copy_before_gathering_any(ckpt_dir, state, monkeypatch):
+    events = []
+    array_type = type(state["params"]["w"])
+    real_copy = array_type.copy_to_host_async
+    real_host_part = _jax_tree._host_part
+
+    def copy_to_host_async(self):
+        events.append("copy")
+        return real_copy(self)
+
+    def host_part(array, name, box):
+        events.append("gather")
+        return real_host_part(array, name, box)
+
+    monkeypatch.setattr(array_type, "copy_to_host_async", copy_to_host_async)
+    monkeypatch.setattr(_jax_tree, "_host_part", host_part)
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, state).result()
+    arrays = 6  # w, b, z, mu, nu, count
+    assert events == ["copy"] * arrays + ["gather"] * arrays
+
+
+def test_load_without_a_target_gives_numpy_arrays(ckpt_dir, state):
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, state).result()
+    loaded = asyncckpt.load(ckpt_dir)
+    assert loaded["params"]["b"].dtype == jnp.bfloat16
+    assert bits(loaded["params"]["w"]) == bits(state["params"]["w"])
+    assert loaded["opt"]["count"].shape == () and loaded["step"] == 12
