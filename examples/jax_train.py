@@ -184,14 +184,19 @@ def main():
         if restored is not None:
             state = restored
             print(f"resumed from step {state['step']}", flush=True)
+        pending = []  # saves not yet reported durable (--progress)
         for step in range(state["step"] + 1, ARGS.steps + 1):
             x, y = next(state["data"])
             params, opt, _ = train_step(state["params"], state["opt"],
                                         jax.device_put(x, batch_sharding),
                                         jax.device_put(y, batch_sharding))
             state = {**state, "params": params, "opt": opt, "step": step}
-            manager.maybe_save(step, state)
+            future = manager.maybe_save(step, state)
             if ARGS.progress:
+                pending += [future] if future is not None else []
+                for done in [f for f in pending if f.done()]:
+                    print(f"durable {done.step}", flush=True)
+                    pending.remove(done)
                 print(f"step {step}", flush=True)
         manager.wait_until_finished()
         if manager.latest_step() != state["step"] and state["step"] > 0:

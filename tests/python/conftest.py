@@ -24,17 +24,22 @@ def ckpt_dir(tmp_path):
     return path
 
 
-def run_and_kill(command, steps_before_kill):
+def run_and_kill(command, steps_before_kill, after=None):
     """Starts a training example (``command``, with --progress), SIGKILLs it once it has printed
-    ``steps_before_kill`` lines "step N"; returns the step it resumed from (0: a fresh start)."""
+    ``steps_before_kill`` lines "step N" (counted from the first line starting with ``after``,
+    when given: a run that makes a checkpoint durable before it dies resumes later, however
+    slow the machine); returns the step it resumed from (0: a fresh start)."""
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                text=True)
     resumed_from = 0
     seen = 0
+    counting = after is None
     for line in process.stdout:
         if line.startswith("resumed from step "):
             resumed_from = int(line.split()[-1])
-        elif line.startswith("step ") and len(line.split()) == 2:
+        elif after is not None and line.startswith(after):
+            counting = True
+        elif counting and line.startswith("step ") and len(line.split()) == 2:
             seen += 1
             if seen == steps_before_kill:
                 process.send_signal(signal.SIGKILL)
