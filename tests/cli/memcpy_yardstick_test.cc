@@ -1,12 +1,13 @@
 #include "src/cli/memcpy_yardstick.h"
 
 #include <gtest/gtest.h>
-#include <malloc.h>
 
 #include <cstdint>
 #include <cstring>
 #include <optional>
 #include <vector>
+
+#include "tests/support/heap_in_use.h"
 
 namespace asyncckpt::cli {
 namespace {
@@ -117,13 +118,9 @@ TEST(MemcpyYardstickMemoryTest, FiveThousandSavesKeepTheNewestWindowAndTheHeapFl
   for (int64_t step = 1; step <= kSaves; ++step) {
     RunContext context(step);
     ASSERT_TRUE((*hook)->after_run(context, RunValues{}).ok());
-    if (step == kWarmUp) {
-      ::malloc_trim(0);
-      at_warm_up = static_cast<int64_t>(::mallinfo2().uordblks);
-    }
+    if (step == kWarmUp) at_warm_up = testing_support::TrimmedHeapInUse();
   }
-  ::malloc_trim(0);
-  const int64_t growth = static_cast<int64_t>(::mallinfo2().uordblks) - at_warm_up;
+  const int64_t growth = testing_support::TrimmedHeapInUse() - at_warm_up;
   EXPECT_LT(static_cast<double>(growth) / (kSaves - kWarmUp), 16.0) << growth << " bytes";
   EXPECT_EQ((*hook)->seconds_by_step().size(), kSaverTotalsWindow);
   EXPECT_EQ((*hook)->seconds_by_step().rbegin()->first, kSaves);

@@ -3,7 +3,6 @@
 #include "src/cli/train_sim_session.h"
 
 #include <gtest/gtest.h>
-#include <malloc.h>
 #include <stdlib.h>
 
 #include <cerrno>
@@ -17,6 +16,7 @@
 #include "asyncckpt/session.h"
 #include "src/cli/memcpy_yardstick.h"
 #include "src/util/log.h"
+#include "tests/support/heap_in_use.h"
 
 namespace asyncckpt::cli {
 namespace {
@@ -43,13 +43,9 @@ TEST(SaveRecorderTest, FiveThousandSavesKeepTheHeapFlat) {
   for (int64_t step = 1; step <= kSaves; ++step) {
     recorder.before_save(step);
     ASSERT_TRUE(recorder.TakeSavedAt(step));
-    if (step == kWarmUp) {
-      ::malloc_trim(0);
-      at_warm_up = static_cast<int64_t>(::mallinfo2().uordblks);
-    }
+    if (step == kWarmUp) at_warm_up = testing_support::TrimmedHeapInUse();
   }
-  ::malloc_trim(0);
-  const int64_t growth = static_cast<int64_t>(::mallinfo2().uordblks) - at_warm_up;
+  const int64_t growth = testing_support::TrimmedHeapInUse() - at_warm_up;
   EXPECT_LT(static_cast<double>(growth) / (kSaves - kWarmUp), 16.0) << growth << " bytes";
 }
 
@@ -72,11 +68,6 @@ class CountingIterator final : public SaveableIterator {
  private:
   int64_t counter_ = 0;
 };
-
-int64_t HeapInUse() {
-  ::malloc_trim(0);
-  return static_cast<int64_t>(::mallinfo2().uordblks);
-}
 
 // Item 8 of issue 31: 5,000 saves of a job assembled as train-sim assembles it (the yardstick,
 // the async model saver reporting to a SaveRecorder, the input pipeline hook, a session creator;
@@ -148,11 +139,11 @@ TEST(TrainSimSessionMemoryTest, FiveThousandAsyncSavesGrowTheHeapByLessThanSixte
         ASSERT_TRUE((*hook)->wait_until_saved().ok());
         ASSERT_TRUE((*input_hook)->wait_until_saved().ok());
         std::fprintf(stderr, "after %d saves: heap in use %lld bytes\n", step,
-                     static_cast<long long>(HeapInUse()));
-        if (step == kWarmUpSteps) at_warm_up = HeapInUse();
+                     static_cast<long long>(testing_support::TrimmedHeapInUse()));
+        if (step == kWarmUpSteps) at_warm_up = testing_support::TrimmedHeapInUse();
       }
     }
-    const int64_t growth = HeapInUse() - at_warm_up;
+    const int64_t growth = testing_support::TrimmedHeapInUse() - at_warm_up;
     const double per_save = static_cast<double>(growth) / (kSteps - kWarmUpSteps);
     std::fprintf(stderr, "heap growth over saves %d..%d: %lld bytes (%.2f per save)\n",
                  kWarmUpSteps, kSteps, static_cast<long long>(growth), per_save);
