@@ -56,7 +56,9 @@ enum class CheckpointerStart {
 
 class Checkpointer {
  public:
-  /// Validates the options (InvalidArgument naming the field); then, at `start`, creates
+  /// Validates the options (InvalidArgument naming the field) and refuses a basename that another
+  /// state file of checkpoint_dir lists (FailedPrecondition naming both, CheckBasenameUnclaimed;
+  /// read-only); then, at `start`, creates
   /// checkpoint_dir, locks it, removes temporaries of interrupted saves, quarantines damaged
   /// checkpoints, and recovers the retained list from the state file (a refusal, such as
   /// another writer's lock or quarantined checkpoints without allow_fresh_start, is returned
@@ -116,15 +118,23 @@ class Checkpointer {
   /// Totals so far, every save's stats in step order.
   SaverTotals totals() const;
 
-  /// Steps of the retained checkpoints, oldest first (committed saves only). Before a deferred
-  /// start: the committed steps the directory holds (CommittedCheckpointSteps; none on error).
+  /// Steps of the retained checkpoints in save order (the state file's order; committed saves
+  /// only), so that the last is the latest: after a forced save of a lower step, that step.
+  /// Before a deferred start: those a start would retain (FindResumeCheckpoints; none on error).
   std::vector<int64_t> all_steps() const;
   /// The damaged checkpoints of this basename in checkpoint_dir, quarantined or about to be,
   /// one line each ("<path>: what is wrong"); read-only (FindDamagedCheckpoints). For a caller
   /// that finds no step to restore, so that it does not start afresh beside them.
   Result<std::vector<std::string>> damaged() const;
-  /// The newest retained step, or nullopt when there is none.
+  /// The step of the last successful save, as the state file records it (the last of
+  /// all_steps()): what a resume restores; nullopt when there is none.
   std::optional<int64_t> latest_step() const;
+  /// Quarantines checkpoint `step`, which a restore found damaged (a chunk failing its checksum;
+  /// `why` says what), as start-up quarantines one (QuarantineFoundDamage): it leaves
+  /// all_steps(), so latest_step() is then the newest good one. Before a deferred start the
+  /// directory's lock is taken for the moment; FailedPrecondition when another job holds it
+  /// (then nothing is changed).
+  Status quarantine(int64_t step, const std::string& why);
   /// The directory of checkpoint `step` ("<checkpoint_dir>/<basename>-<step>").
   std::string checkpoint_path(int64_t step) const;
 

@@ -114,11 +114,13 @@ class CheckpointReader {
  public:
   /// Opens the checkpoint directory at `path` (e.g. /ckpt/model.ckpt-1000) and validates its
   /// index. NotFound, Corruption (naming the file and what is wrong), FailedPrecondition for an
-  /// intact index of another format version, IOError, or ResourceExhausted when the index does
-  /// not fit in memory. A symlinked index is never followed (Corruption).
+  /// intact index of another format version or with unknown flags (a newer release's), IOError, or
+  /// ResourceExhausted when the index does not fit in memory. A symlinked index is never followed
+  /// (Corruption).
   static Result<std::unique_ptr<CheckpointReader>> Open(const std::string& path,
                                                         const ReaderOptions& options = {});
-  /// Opens LatestCheckpoint(dir).
+  /// Opens the checkpoint a resume in `dir` would use (FindResumeCheckpoints: the state file's
+  /// latest, passing over damaged ones), with its errors when there is none.
   static Result<std::unique_ptr<CheckpointReader>> OpenLatest(const std::string& dir,
                                                               const ReaderOptions& options = {});
   virtual ~CheckpointReader() = default;

@@ -51,12 +51,16 @@ struct CheckpointSessionCreatorOptions {
 /// Restores a TensorRegistry from the newest complete checkpoint of a directory and returns
 /// its step; 0 for a directory without checkpoints (running init_fn if set). Every chunk read is
 /// checksummed, and a checkpoint whose metadata names another step than its directory is
-/// Corruption. A state file that cannot be read, or a listed checkpoint that is missing or
-/// damaged, fails create_session() with that error, naming the file; the registry may then be
-/// partly restored. Saves still in flight are not waited for: a re-created session comes back
-/// at the newest step committed when create_session() runs. Called from the training thread; the
-/// registry is borrowed and must outlive the creator, and its buffers must not be in use by a save
-/// while create_session() runs.
+/// Corruption. A checkpoint whose restore finds damage (Corruption: a chunk failing its
+/// checksum, which start-up's size checks cannot see) is logged as an error naming the file,
+/// tensor and chunk, quarantined as start-up does (through the saver of this process that holds
+/// the directory, or under its lock taken for the moment; left in place when another job holds
+/// it), and the newest good step before it is restored instead. A state file that cannot be
+/// read, or any other failure, fails create_session() with that error, naming the file; the
+/// registry may then be partly restored. Saves still in flight are not waited for: a re-created
+/// session comes back at the newest step committed when create_session() runs. Called from the
+/// training thread; the registry is borrowed and must outlive the creator, and its buffers must not
+/// be in use by a save while create_session() runs.
 class CheckpointSessionCreator final : public SessionCreator {
  public:
   /// Validates the options: InvalidArgument for an empty checkpoint_dir, a basename that is not

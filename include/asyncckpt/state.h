@@ -11,6 +11,8 @@ namespace asyncckpt {
 
 /// The file in a checkpoint directory that names the latest checkpoint of the model.
 inline constexpr char kCheckpointStateFileName[] = "checkpoint";
+/// The model's checkpoints are "<basename>-<step>"; SaverOptions::basename's default.
+inline constexpr char kDefaultBasename[] = "model.ckpt";
 
 /// The contents of a state file (TensorFlow's CheckpointState): paths are relative to the
 /// checkpoint directory, oldest first, the last one the latest.
@@ -52,6 +54,38 @@ Result<std::string> LatestCheckpoint(const std::string& dir,
 /// pipeline's is InputStateFileName. `fs` (borrowed) is read through; null means POSIX.
 Result<std::vector<int64_t>> CommittedCheckpointSteps(
     const std::string& dir, const std::string& basename,
+    const std::string& state_file_name = kCheckpointStateFileName, io::FileSystem* fs = nullptr);
+
+/// The checkpoints of one basename that a resume may use, as a saver starting in the directory
+/// would find them (FindResumeCheckpoints).
+struct ResumeCheckpoints {
+  /// The basename they are of.
+  std::string basename;
+  /// Their steps in save order (the state file's), the one a resume restores last: after a
+  /// forced save of a lower step, that step.
+  std::vector<int64_t> steps;
+  /// The path of the checkpoint a resume restores ("<dir>/<basename>-<steps.back()>").
+  std::string latest_path;
+  /// Checkpoints passed over, one line each ("<path>: what is wrong"): damaged ones a start
+  /// quarantines, and those quarantined before.
+  std::vector<std::string> skipped;
+  /// Why the state file's list was not used as it is (missing, unparsable, naming what is not
+  /// there), or empty.
+  std::string state_file_problem;
+};
+
+/// The checkpoint a resume would use in `dir`, and the others it may use, without changing
+/// anything: the state file's checkpoints of `basename` in save order, less the missing and
+/// damaged ones (each chunk's place in the data files is checked, not its bytes), with the
+/// complete unlisted ones a saver's start lists again; from the complete directories alone when
+/// the state file is missing or does not parse. An empty `basename` is the state file's latest
+/// entry's, or "model.ckpt". NotFound, saying why, when there is nothing to resume and nothing
+/// damaged (a resume starts afresh); FailedPrecondition naming them when there is nothing to
+/// resume but damaged or quarantined checkpoints, or when a checkpoint was written by a newer
+/// release; IOError when `dir` or a checkpoint cannot be read. `fs` (borrowed) is read
+/// through; null means POSIX.
+Result<ResumeCheckpoints> FindResumeCheckpoints(
+    const std::string& dir, const std::string& basename = "",
     const std::string& state_file_name = kCheckpointStateFileName, io::FileSystem* fs = nullptr);
 
 }  // namespace asyncckpt

@@ -23,10 +23,10 @@ MAX_STEP = 2**63 - 1
 
 
 class StepAlreadyExistsError(_core.CheckpointError):
-    """A save of a step that is already saved, or lower than the latest saved step.
+    """A save of the latest saved step, or of a step lower than it.
 
-    Pass ``force=True`` to save it anyway (the same step is then replaced, and a lower step
-    becomes the latest).
+    Pass ``force=True`` to save it anyway (the same step is then replaced; a lower step becomes
+    the latest, a rollback: later saves compare with it).
     """
 
 
@@ -59,25 +59,34 @@ def check_save_interval_steps(save_interval_steps: object) -> int | None:
 
 
 class StepLedger:
-    """The highest step this manager saved or found on disk: the floor for the next save."""
+    """The latest saved step: the one the last successful save wrote, as the state file records
+    it (the manager's latest_step()), and the floor for the next save. A forced save of a lower
+    step is a rollback: it becomes the latest, and the steps after it may be saved again."""
 
     def __init__(self, latest_on_disk: int | None) -> None:
-        self.highest = latest_on_disk
+        self.latest = latest_on_disk
 
     def is_new(self, step: int) -> bool:
-        """True when ``step`` is above every step saved so far."""
-        return self.highest is None or step > self.highest
+        """True when ``step`` is above the latest saved step."""
+        return self.latest is None or step > self.latest
 
     def check_new(self, step: int, force: bool, path_of: Callable[[int], str]) -> None:
         """Raises StepAlreadyExistsError unless ``step`` is new or ``force``."""
         if force or self.is_new(step):
             return
-        if step == self.highest:
+        if step == self.latest:
             raise StepAlreadyExistsError(f"step {step} is already saved ({path_of(step)}); "
                                          "pass force=True to replace it")
         raise StepAlreadyExistsError(f"step {step} is lower than the latest saved step "
-                                     f"{self.highest}; pass force=True to save it anyway")
+                                     f"{self.latest}; pass force=True to save it anyway (a "
+                                     "rollback: it becomes the latest)")
 
     def saved(self, step: int) -> None:
-        """Records a save of ``step`` (a forced lower step does not lower the floor)."""
-        self.highest = step if self.highest is None else max(self.highest, step)
+        """Records a save of ``step``: it is the latest now, also when forced lower."""
+        self.latest = step
+
+    def dropped(self, step: int, latest_now: int | None) -> None:
+        """Records that checkpoint ``step`` left the list (quarantined as damaged): when it was
+        the latest, the latest is now ``latest_now``, and ``step`` may be saved again."""
+        if self.latest == step:
+            self.latest = latest_now

@@ -15,6 +15,7 @@ from . import (
     _dtypes,
     _logging,
     _pickled,
+    _resume,
     _saves,
     _stateful,
     _step_metadata,
@@ -25,7 +26,7 @@ from . import (
 from ._saves import SaveFuture, Stats
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping, Sequence
+    from collections.abc import Callable, Iterator, Mapping, Sequence
     from types import TracebackType
 
     import torch
@@ -364,11 +365,14 @@ class CheckpointManager:
         return self._directory
 
     def all_steps(self) -> list[int]:
-        """Steps of the retained checkpoints, oldest first (committed saves only)."""
+        """Steps of the retained checkpoints in save order (committed saves only): the last is
+        ``latest_step()``. After a forced save of a lower step that step comes last."""
         return list(self._core.all_steps())
 
     def latest_step(self) -> int | None:
-        """The newest retained step, or None."""
+        """The step the last successful save wrote, as the state file records it: what a
+        resume restores, what ``latest_checkpoint()`` and ``asyncckpt.load(directory)`` name,
+        and the step a new save must be above. None when there is none."""
         return self._core.latest_step()
 
     def checkpoint_path(self, step: int) -> str:
@@ -412,6 +416,10 @@ class CheckpointManager:
         yet; raises CheckpointError naming them when there is none but damaged ones
         (quarantined at the first save; see docs/durability.md), unless allow_fresh_start.
 
+        When ``step`` is None and a chunk of the latest checkpoint fails its checksum, that one is
+        quarantined as start-up does (logged naming file, tensor and chunk) and the newest good
+        one restored. An explicit ``step`` that is damaged raises CheckpointError instead.
+
         A stateful object in ``state`` (a module, an optimizer, a scheduler: anything with
         ``state_dict()`` / ``load_state_dict()``) is restored as DCP does it: a fresh
         ``state_dict()`` of it is filled from everything the checkpoint holds for it and handed
@@ -421,36 +429,58 @@ class CheckpointManager:
         """
         if not isinstance(state, (dict, list)):
             raise TypeError("restore fills a dict or list in place; use load() for a new one")
-        if step is None:
-            step = self.latest_step()
-            if step is None:
-                self._refuse_to_start_afresh()
-                return None
-        try:
-            reader = self._core.open(_steps.check_step(step))
+
+        def fill(reader: _core.Reader) -> int:
             with _pickled.allowed(allow_pickle), _stateful.restoring(state) as whole:
                 _restore_from(reader, state, whole, partial)
+            return reader.step
+
+        restored = self._read_latest_good(fill, step, fresh_start_allowed=True)
+        return None if isinstance(restored, _resume.Nothing) else restored
+
+    def _read_latest_good(self, read: Callable[[_core.Reader], _resume.T], step: int | None, *,
+                          fresh_start_allowed: bool) -> _resume.T | _resume.Nothing:
+        """_resume.read_latest_good, then _refuse_to_start_afresh when nothing was read."""
+        try:
+            checked = None if step is None else _steps.check_step(step)
+            read_now, found = _resume.read_latest_good(self._core, self._ledger, read, checked)
+            if isinstance(read_now, _resume.Nothing):
+                self._refuse_to_start_afresh(fresh_start_allowed, found)
+            return read_now
         finally:
             _logging.drain()
-        return reader.step
 
-    def _refuse_to_start_afresh(self) -> None:
-        # Nothing to restore beside damaged checkpoints: a None here would train from step 0.
-        damaged = [] if self._allow_fresh_start else self._core.damaged()
+    def _refuse_to_start_afresh(self, fresh_start_allowed: bool = True,
+                                found: list[str] | None = None) -> None:
+        """CheckpointError naming the damaged checkpoints (and ``found``, what this call found
+        wrong) when there is nothing to read but them: a None (or a FileNotFoundError) here would
+        train from step 0 beside them. With ``fresh_start_allowed`` and allow_fresh_start,
+        nothing is raised."""
+        _resume.refuse_newer_release(self._directory, self._core)
+        if fresh_start_allowed and self._allow_fresh_start:
+            return
+        damaged = self._core.damaged()
         if damaged:
             raise CheckpointError(
                 f"{self._directory} has no checkpoint to restore, only damaged ones: "
-                + "; ".join(damaged) + ". Inspect them (asyncckpt verify), restore a good copy, "
-                "or delete them or pass allow_fresh_start=True to train from step 0")
+                + "; ".join(damaged) + (f" (found now: {'; '.join(found)})" if found else "")
+                + ". Inspect them (asyncckpt verify), restore a good copy, or delete them or "
+                "pass allow_fresh_start=True to train from step 0")
 
     def load(self, step: int | None = None, *, allow_pickle: bool = False) -> Any:
-        """A new state from checkpoint ``step`` (the latest when None), as asyncckpt.load."""
-        try:
-            reader = self._core.open(None if step is None else _steps.check_step(step))
+        """A new state from checkpoint ``step`` (the latest when None), as asyncckpt.load.
+
+        Past a damaged latest checkpoint as restore(). FileNotFoundError only when there was
+        never a checkpoint; CheckpointError naming the damage when there are only damaged ones."""
+
+        def build(reader: _core.Reader) -> Any:
             with _pickled.allowed(allow_pickle):
                 return _load_from(reader)
-        finally:
-            _logging.drain()
+
+        loaded = self._read_latest_good(build, step, fresh_start_allowed=False)
+        if isinstance(loaded, _resume.Nothing):
+            raise FileNotFoundError(f"no checkpoint in {self._directory}")
+        return loaded
 
 
 def _manager_signature() -> inspect.Signature:
@@ -559,18 +589,17 @@ def load(path: StrPath, *, allow_pickle: bool = False) -> Any:
     """
     path = os.fspath(path)
     try:
-        if not os.path.exists(os.path.join(path, "index")):
-            latest = _core.latest_checkpoint(path)
-            if latest is None:
-                raise FileNotFoundError(f"{path} is neither a checkpoint nor a directory with "
-                                        "one")
-            path = latest
         with _pickled.allowed(allow_pickle):
-            return _load_from(_core.open_reader(path))
+            if os.path.exists(os.path.join(path, "index")):
+                return _load_from(_core.open_reader(path))
+            return _resume.load_from_directory(path, _load_from)
     finally:
         _logging.drain()
 
 
 def latest_checkpoint(directory: StrPath) -> str | None:
-    """The path of the newest checkpoint in ``directory``, or None."""
-    return _core.latest_checkpoint(os.fspath(directory))
+    """The path of the checkpoint a resume in ``directory`` would use: the state file's latest
+    (the last successful save), passing over damaged ones. None when there is none to resume;
+    CheckpointError naming them when there are only damaged ones (or one a newer release
+    wrote)."""
+    return _resume.latest_checkpoint(os.fspath(directory))

@@ -461,6 +461,11 @@ class PyCheckpointer {
     return Take(Locked([&] { return checkpointer_->open(step); }));
   }
 
+  // Issue 31: a checkpoint a restore found damaged leaves the list (Checkpointer::quarantine).
+  void quarantine(int64_t step, const std::string& why) {
+    Check(Locked([&] { return checkpointer_->quarantine(step, why); }));
+  }
+
  private:
   std::mutex mu_;
   std::shared_ptr<PyCoordinator> coordinator_;  // before checkpointer_: outlives it
@@ -665,6 +670,7 @@ PYBIND11_MODULE(_core, m) {
       .def("latest_step", &PyCheckpointer::latest_step)
       .def("checkpoint_path", &PyCheckpointer::checkpoint_path, py::arg("step"))
       .def("damaged", &PyCheckpointer::damaged)
+      .def("quarantine", &PyCheckpointer::quarantine, py::arg("step"), py::arg("why"))
       .def(
           "open",
           [](py::object self, std::optional<int64_t> step) {
@@ -673,17 +679,32 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("step"));
 
-  m.def("open_reader", &OpenReader, py::arg("path"), py::arg("force_posix_io") = false,
-        "Opens the checkpoint directory at `path`.");
+  // Issue 31: what a resume in a directory would use (FindResumeCheckpoints).
+  m.def(
+      "find_resume_checkpoints",
+      [](const std::string& directory, const std::string& basename) {
+        ResumeCheckpoints r =
+            Take(WithoutGil([&] { return FindResumeCheckpoints(directory, basename); }));
+        return py::dict(py::arg("basename") = r.basename, py::arg("steps") = r.steps,
+                        py::arg("latest_path") = r.latest_path, py::arg("skipped") = r.skipped,
+                        py::arg("state_file_problem") = r.state_file_problem);
+      },
+      py::arg("directory"), py::arg("basename") = "",
+      "The checkpoints a resume in `directory` may use, in save order (FileNotFoundError when "
+      "there is none to resume, CheckpointError when only damaged ones).");
   m.def(
       "latest_checkpoint",
       [](const std::string& directory) -> std::optional<std::string> {
-        Result<std::string> latest = WithoutGil([&] { return LatestCheckpoint(directory); });
-        if (!latest.ok() && latest.status().code() == StatusCode::kNotFound) return std::nullopt;
-        return Take(std::move(latest));
+        Result<ResumeCheckpoints> resume =
+            WithoutGil([&] { return FindResumeCheckpoints(directory); });
+        if (!resume.ok() && resume.status().code() == StatusCode::kNotFound) return std::nullopt;
+        return Take(std::move(resume)).latest_path;
       },
       py::arg("directory"),
-      "The path of the newest checkpoint that `directory`'s state file names, or None.");
+      "The path of the checkpoint a resume in `directory` would use, or None when there is none "
+      "(CheckpointError when there are only damaged ones).");
+  m.def("open_reader", &OpenReader, py::arg("path"), py::arg("force_posix_io") = false,
+        "Opens the checkpoint directory at `path`.");
   m.def("export_safetensors", &ExportToSafetensors, py::arg("checkpoint"), py::arg("out_dir"),
         py::arg("select"), py::arg("max_shard_bytes"), py::arg("keep_names"),
         "The tensors of a checkpoint as safetensors files: (files, tensors, bytes).");

@@ -3,6 +3,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -11,6 +12,9 @@
 #include "asyncckpt/state.h"
 #include "src/cli/flags.h"
 #include "src/cli/json.h"
+#include "src/state/checkpoint_names.h"
+#include "src/state/committed_steps.h"
+#include "src/util/io_status.h"
 
 namespace asyncckpt::cli {
 
@@ -268,13 +272,65 @@ int VerifyCommand(int argc, char** argv) {
 }
 
 int LatestCommand(int argc, char** argv) {
+  const std::vector<FlagSpec> specs = {
+      {"basename", "",
+       "the checkpoints' basename (default: the state file's latest entry's, or "
+       "model.ckpt)"},
+      {"state_file", kCheckpointStateFileName, "the state file's name in DIR"}};
   int exit_code = 0;
-  auto flags = ParseOrExit("asyncckpt latest DIR", {}, argc, argv, 1, &exit_code);
+  auto flags = ParseOrExit("asyncckpt latest DIR [--basename NAME] [--state_file NAME]", specs,
+                           argc, argv, 1, &exit_code);
   if (!flags) return exit_code;
-  auto latest = LatestCheckpoint(flags->positional()[0]);
-  if (!latest.ok()) return Fail(latest.status());
-  std::printf("%s\n", latest->c_str());
+  // What a resume would restore, not merely what the state file names: the damaged ones a start
+  // would quarantine are passed over, and said so on stderr.
+  auto resume = FindResumeCheckpoints(flags->positional()[0], flags->get("basename"),
+                                      flags->get("state_file"));
+  if (!resume.ok()) return Fail(resume.status());
+  if (!resume->state_file_problem.empty()) {
+    std::fprintf(stderr, "asyncckpt: note: %s\n", resume->state_file_problem.c_str());
+  }
+  for (const std::string& skipped : resume->skipped) {
+    std::fprintf(stderr, "asyncckpt: skipped %s\n", skipped.c_str());
+  }
+  std::printf("%s\n", resume->latest_path.c_str());
   return kExitOk;
+}
+
+int GcCommand(int argc, char** argv) {
+  const std::vector<FlagSpec> specs = {
+      {"remove-quarantined", "", "remove the quarantined checkpoints listed", true}};
+  int exit_code = 0;
+  auto flags =
+      ParseOrExit("asyncckpt gc DIR [--remove-quarantined]", specs, argc, argv, 1, &exit_code);
+  if (!flags) return exit_code;
+  const std::string dir = flags->positional()[0];
+  std::unique_ptr<io::FileSystem> fs = io::NewPosixFileSystem();
+  auto found = ListQuarantinedCheckpoints(*fs, dir);
+  if (!found.ok()) return Fail(found.status());
+  const bool remove = flags->get_switch("remove-quarantined");
+  uint64_t total = 0;
+  int failed = 0;
+  for (const QuarantinedCheckpoint& q : *found) {
+    total += q.bytes;
+    const std::string path = JoinCheckpointPath(dir, q.name);
+    if (!remove) {
+      std::printf("%s  %s\n", path.c_str(), FormatBytes(double(q.bytes)).c_str());
+      continue;
+    }
+    // Only what was just listed as quarantined: nothing a job reads or writes.
+    const Status removed = ToStatus(fs->remove_tree(path));
+    if (!removed.ok()) {
+      std::fprintf(stderr, "asyncckpt: could not remove %s: %s\n", path.c_str(),
+                   removed.ToString().c_str());
+      ++failed;
+      continue;
+    }
+    std::printf("removed %s  %s\n", path.c_str(), FormatBytes(double(q.bytes)).c_str());
+  }
+  std::printf("%zu quarantined checkpoint%s, %s%s\n", found->size(), found->size() == 1 ? "" : "s",
+              FormatBytes(double(total)).c_str(),
+              remove || found->empty() ? "" : " (--remove-quarantined removes them)");
+  return failed == 0 ? kExitOk : kExitFailed;
 }
 
 }  // namespace asyncckpt::cli

@@ -40,11 +40,15 @@ int TrainSimCommand(int argc, char** argv);
 int InspectCommand(int argc, char** argv);
 /// `asyncckpt verify PATH`: checks every chunk; exit 0 only when all is sound.
 int VerifyCommand(int argc, char** argv);
-/// `asyncckpt latest DIR`: prints the latest checkpoint's path.
+/// `asyncckpt latest DIR`: prints the path of the checkpoint a resume would use
+/// (FindResumeCheckpoints), naming on stderr the damaged ones it passed over.
 int LatestCommand(int argc, char** argv);
 /// `asyncckpt export --format safetensors CHECKPOINT OUT_DIR`: the tensors as safetensors.
 int ExportCommand(int argc, char** argv);
 /// `asyncckpt import --format safetensors IN CHECKPOINT_DIR`: a checkpoint made from them.
 int ImportCommand(int argc, char** argv);
+/// `asyncckpt gc DIR`: lists the quarantined checkpoints and their bytes; with
+/// --remove-quarantined removes them, and nothing else.
+int GcCommand(int argc, char** argv);
 
 }  // namespace asyncckpt::cli

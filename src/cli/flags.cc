@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
+#include <string_view>
 
 namespace asyncckpt::cli {
 
@@ -20,6 +22,19 @@ const FlagSpec* FindSpec(const std::vector<FlagSpec>& specs, const std::string& 
 Status BadValue(const std::string& name, const std::string& value, const std::string& expected) {
   return Status::InvalidArgument("bad value for --" + name + ": '" + value + "' is not " +
                                  expected);
+}
+
+// A decimal number as people write it ("2.5", "1e3", "-1"): no hexadecimal ("0x10"), no "inf"
+// or "nan", no leading space, all of `text`; strtod would take each of those.
+std::optional<double> ParseDecimal(std::string_view text) {
+  double value = 0;
+  const auto [end, err] =
+      std::from_chars(text.data(), text.data() + text.size(), value, std::chars_format::general);
+  if (text.empty() || err != std::errc() || end != text.data() + text.size() ||
+      !std::isfinite(value)) {
+    return std::nullopt;
+  }
+  return value;
 }
 
 }  // namespace
@@ -42,13 +57,9 @@ Result<int64_t> ParsedFlags::get_int(const std::string& name) const {
 }
 
 Result<double> ParsedFlags::get_double(const std::string& name) const {
-  const std::string text = get(name);
-  char* end = nullptr;
-  const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(value)) {
-    return BadValue(name, text, "a number");
-  }
-  return value;
+  const std::optional<double> value = ParseDecimal(get(name));
+  if (!value) return BadValue(name, get(name), "a decimal number");
+  return *value;
 }
 
 Result<bool> ParsedFlags::get_bool(const std::string& name) const {
@@ -111,12 +122,15 @@ std::string FlagsHelp(const std::string& usage, const std::vector<FlagSpec>& spe
 }
 
 Result<uint64_t> ParseByteSize(const std::string& text) {
-  char* end = nullptr;
-  const double number = std::strtod(text.c_str(), &end);
-  if (text.empty() || end == text.c_str() || !std::isfinite(number) || number < 0) {
+  // The number is the leading digits, point, exponent and sign (no unit begins with any of
+  // them); the rest is the unit.
+  const size_t unit_at = text.find_first_not_of("0123456789.eE+-");
+  const std::optional<double> parsed = ParseDecimal(std::string_view(text).substr(0, unit_at));
+  if (!parsed || *parsed < 0) {
     return Status::InvalidArgument("'" + text + "' is not a byte size");
   }
-  std::string unit(end);
+  const double number = *parsed;
+  std::string unit(unit_at == std::string::npos ? std::string() : text.substr(unit_at));
   for (auto& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   double scale = 0;
   if (unit.empty() || unit == "b")

@@ -14,7 +14,10 @@ constexpr char kUsage[] =
     "  train-sim         run a synthetic training job that checkpoints as it goes\n"
     "  inspect PATH      list a checkpoint's tensors, dtypes, shapes, chunks and codecs\n"
     "  verify PATH       check every chunk of a checkpoint (exit 0 only when all is sound)\n"
-    "  latest DIR        print the latest checkpoint named by DIR/checkpoint\n"
+    "  latest DIR        print the checkpoint a resume in DIR would use (DIR/checkpoint's\n"
+    "                    latest, passing over damaged ones)\n"
+    "  gc DIR            list the quarantined (damaged) checkpoints in DIR and their size;\n"
+    "                    --remove-quarantined removes them, and nothing else\n"
     "  restore-bench PATH  restore every tensor into memory and report the read throughput\n"
     "  export --format safetensors CHECKPOINT OUT_DIR   the tensors as safetensors files\n"
     "  import --format safetensors IN CHECKPOINT_DIR    a checkpoint made from safetensors files\n"
@@ -39,6 +42,7 @@ int main(int argc, char** argv) {
   if (command == "inspect") run = InspectCommand;
   if (command == "verify") run = VerifyCommand;
   if (command == "latest") run = LatestCommand;
+  if (command == "gc") run = GcCommand;
   if (command == "restore-bench") run = RestoreBenchCommand;
   if (command == "export") run = ExportCommand;
   if (command == "import") run = ImportCommand;

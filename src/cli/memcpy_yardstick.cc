@@ -73,6 +73,10 @@ void MemcpyYardstickHook::Measure(int64_t step) {
   schedule_.mark(step);
   schedule_.mark_saved(step);
   seconds_by_step_[step] = TimeStateMemcpy(*registry_, destination_.get());
+  // The saver's totals keep the stats of its newest kSaverTotalsWindow saves; the yardsticks
+  // they are held against need no more, and a record per save would grow with the run.
+  while (seconds_by_step_.size() > kSaverTotalsWindow)
+    seconds_by_step_.erase(seconds_by_step_.begin());
 }
 
 Status MemcpyYardstickHook::after_create_session(int64_t global_step) {

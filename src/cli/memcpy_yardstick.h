@@ -34,7 +34,9 @@ class MemcpyYardstickHook final : public SessionRunHook {
   /// Measures when no measurement was taken at the last step (the saver's final save).
   Status end(int64_t global_step) override;
 
-  /// Seconds of the memcpy taken just before the save of each step.
+  /// Seconds of the memcpy taken just before the save of each step, for the newest
+  /// kSaverTotalsWindow steps measured (the saves the saver's totals keep): the hook's memory
+  /// stays flat however many saves a run takes.
   const std::map<int64_t, double>& seconds_by_step() const { return seconds_by_step_; }
 
  private:

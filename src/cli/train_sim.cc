@@ -286,7 +286,7 @@ Status TrainStep(StepContext& ctx, const TrainSimConfig& config, Coordinator* co
 
 // Files the step's time, less the yardstick's memcpy taken inside it (train-sim's own
 // measurement, not a cost of checkpointing), which it adds to `yardstick_ms_in_loop`.
-void RecordStep(const TrainSimConfig& config, const RunParts& run, double ms,
+void RecordStep(const TrainSimConfig& config, RunParts& run, double ms,
                 double* yardstick_ms_in_loop, RunSummary* summary) {
   const int64_t step = run.session->global_step();
   if (run.yardstick) {
@@ -296,7 +296,7 @@ void RecordStep(const TrainSimConfig& config, const RunParts& run, double ms,
       *yardstick_ms_in_loop += it->second * 1000;
     }
   }
-  const bool saved = run.recorder.saved_at(step);
+  const bool saved = run.recorder.TakeSavedAt(step);
   (saved ? summary->step_ms_save : summary->step_ms_no_save).push_back(ms);
   if (config.step_series && summary->step_series.size() < kMaxSeriesSteps) {
     summary->step_series.push_back({step, ms, saved});

@@ -30,9 +30,11 @@ bool SaveRecorder::after_save(int64_t step, const SaveStats& stats) {
   return false;
 }
 
-bool SaveRecorder::saved_at(int64_t step) const {
+bool SaveRecorder::TakeSavedAt(int64_t step) {
   std::lock_guard lock(mutex_);
-  return save_steps_.count(step) != 0;
+  const bool saved = save_steps_.contains(step);
+  save_steps_.erase(save_steps_.begin(), save_steps_.upper_bound(step));
+  return saved;
 }
 
 Result<std::unique_ptr<SessionRunHook>> MakeSaverHook(const TrainSimConfig& config,

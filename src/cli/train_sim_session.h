@@ -32,12 +32,13 @@ class SaveRecorder final : public CheckpointSaverListener {
   void before_save(int64_t step) override;
   /// Prints a failed save's status; never asks the saver to stop.
   bool after_save(int64_t step, const SaveStats& stats) override;
-  /// True when a save began at `step`.
-  bool saved_at(int64_t step) const;
+  /// True when a save began at `step`; forgets every step up to `step`, which the loop asks
+  /// about once, in order: the recorder holds no record per save.
+  bool TakeSavedAt(int64_t step);
 
  private:
-  mutable std::mutex mutex_;
-  std::set<int64_t> save_steps_;
+  std::mutex mutex_;
+  std::set<int64_t> save_steps_;  // noted and not yet asked about: one or two
 };
 
 /// The hook of --saver, reporting to `recorder`; null for --saver none. `totals` is set to read

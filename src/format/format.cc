@@ -426,6 +426,17 @@ class BodyParser {
   uint32_t num_data_files_ = 0;
 };
 
+// "0x5": header flags for a message.
+std::string HexFlags(uint32_t flags) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string digits;
+  do {
+    digits.insert(digits.begin(), kDigits[flags & 0xF]);
+    flags >>= 4;
+  } while (flags != 0);
+  return "0x" + digits;
+}
+
 Status CheckEnvelope(std::span<const uint8_t> bytes, std::string_view path, bool* sharded) {
   const std::string prefix = "index " + std::string(path) + ": ";
   if (bytes.size() < kIndexHeaderBytes + kIndexFooterBytes) {
@@ -443,14 +454,21 @@ Status CheckEnvelope(std::span<const uint8_t> bytes, std::string_view path, bool
   if (codec::Checksum(bytes.first(checksum_at)) != stored) {
     return Status::Corruption(prefix + "checksum mismatch: the index is damaged");
   }
+  // Past the checksum the bytes are as written: a version or a flag this build does not know is
+  // a newer release's checkpoint (FailedPrecondition), never damage to quarantine.
   const uint32_t version = LoadU32(bytes.data() + 8);
   if (version != kFormatVersion) {
-    return Status::Corruption(prefix + "unsupported format version " + std::to_string(version) +
-                              " (this build reads version " + std::to_string(kFormatVersion) + ")");
+    return Status::FailedPrecondition(
+        prefix + "written in format version " + std::to_string(version) +
+        (version > kFormatVersion ? " by a newer release of asyncckpt" : "") +
+        "; this build reads version " + std::to_string(kFormatVersion));
   }
   const uint32_t flags = LoadU32(bytes.data() + 12);
   if ((flags & ~kIndexFlagSharded) != 0) {
-    return Status::Corruption(prefix + "unknown flags " + std::to_string(flags));
+    return Status::FailedPrecondition(prefix + "written in format version 1 with flags " +
+                                      HexFlags(flags) +
+                                      " by a newer release of asyncckpt; this build knows flags " +
+                                      HexFlags(kIndexFlagSharded) + " (sharded) only");
   }
   *sharded = (flags & kIndexFlagSharded) != 0;
   const uint64_t body_length = LoadU64(bytes.data() + bytes.size() - kIndexFooterBytes);

@@ -58,7 +58,9 @@ std::vector<uint8_t> EncodeIndex(const Index& index);
 /// (inside its global shape, written by a rank < world_size into that rank's data files) and
 /// every name's slices (one dtype and global shape, at most one per writer rank, no two
 /// overlapping, together tiling the global shape). Corruption naming `path` and what is wrong
-/// (the tensor, slice and chunk number when one is).
+/// (the tensor, slice and chunk number when one is); FailedPrecondition for an intact index (its
+/// checksum right) of another format version or with header flags this build does not know: a
+/// newer release's checkpoint, never damage.
 Result<Index> ParseIndex(std::span<const uint8_t> bytes, std::string_view path);
 
 /// ParseIndex for one rank's part of a sharded index (`index.part-<rank>`): every check but

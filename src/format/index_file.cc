@@ -5,42 +5,17 @@
 
 #include <cerrno>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <new>
 #include <span>
 #include <stdexcept>
 #include <vector>
 
-#include "src/codec/codec.h"
 #include "src/util/io_status.h"
 #include "src/util/status_macros.h"
 
 namespace asyncckpt::format {
 namespace {
-
-uint64_t LoadU64(const uint8_t* p) {
-  uint64_t value = 0;
-  std::memcpy(&value, p, sizeof(value));  // the format is little-endian, as is every target
-  return value;
-}
-
-// True for an intact index (magic, end magic, checksum) of a format version this build does
-// not read: a newer library's checkpoint, which must never be taken for debris.
-bool IsIntactIndexOfAnotherVersion(std::span<const uint8_t> bytes) {
-  if (bytes.size() < kIndexHeaderBytes + kIndexFooterBytes) return false;
-  if (LoadU64(bytes.data()) != kIndexMagic ||
-      LoadU64(bytes.data() + bytes.size() - 8) != kIndexEndMagic) {
-    return false;
-  }
-  const size_t checksum_at = bytes.size() - 16;
-  if (codec::Checksum(bytes.first(checksum_at)) != LoadU64(bytes.data() + checksum_at)) {
-    return false;
-  }
-  uint32_t version = 0;
-  std::memcpy(&version, bytes.data() + 8, sizeof(version));
-  return version != kFormatVersion;
-}
 
 // Looked at through lstat before it is opened: a symlink is never followed, a FIFO never opened.
 Status CheckIndexEntry(io::FileSystem& fs, const std::string& checkpoint_path,
@@ -74,14 +49,6 @@ Result<Index> ReadAndParse(io::FileSystem& fs, const std::string& checkpoint_pat
   }
   std::vector<uint8_t> bytes(size);
   RETURN_IF_ERROR(ToStatus(file->read_at(0, bytes.data(), bytes.size())));
-  if (IsIntactIndexOfAnotherVersion(bytes)) {
-    uint32_t version = 0;
-    std::memcpy(&version, bytes.data() + 8, sizeof(version));
-    return Status::FailedPrecondition("index " + index_path +
-                                      " was written in another format version (" +
-                                      std::to_string(version) + "; this build reads version " +
-                                      std::to_string(kFormatVersion) + ")");
-  }
   return ParseIndex(bytes, index_path);
 }
 

@@ -21,8 +21,9 @@ std::string IndexPath(const std::string& checkpoint_path);
 /// Reads and parses the index of the checkpoint directory `checkpoint_path` (ParseIndex). The
 /// index must be a regular file, never a symlink (not followed) nor a FIFO (never opened), of at
 /// most kMaxIndexBytes, sized through its open handle. NotFound when there is none; Corruption
-/// naming the file and what is wrong; FailedPrecondition for an intact index (magic, end magic
-/// and checksum right) of another format version, a newer library's checkpoint; IOError when it
+/// naming the file and what is wrong; FailedPrecondition for an intact index (its checksum right)
+/// of another format version or with unknown header flags, a newer release's checkpoint
+/// (ParseIndex); IOError when it
 /// cannot be read; ResourceExhausted when it cannot be held in memory.
 Result<Index> LoadIndex(io::FileSystem& fs, const std::string& checkpoint_path);
 

@@ -14,6 +14,7 @@
 #include "asyncckpt/reader.h"
 #include "asyncckpt/state.h"
 #include "src/format/format.h"
+#include "src/saver/saver_storage.h"
 #include "src/state/checkpoint_names.h"
 #include "src/state/checkpoint_state.h"
 #include "src/util/io_status.h"
@@ -78,10 +79,19 @@ class CheckpointSessionCreator::Impl {
     const bool first = sessions_ == 0;
     ++sessions_;
     restored_from_.clear();
-    ASSIGN_OR_RETURN(std::optional<int64_t> step, StepToResume());
-    if (step) {
-      ++restores_;
-      return Restore(*step);
+    std::set<int64_t> damaged;  // steps whose restore found a bad byte, in this call
+    for (;;) {
+      ASSIGN_OR_RETURN(std::optional<int64_t> step, StepToResume(damaged));
+      if (!step) break;
+      Result<int64_t> restored = Restore(*step);
+      if (restored.status().code() != StatusCode::kCorruption) {
+        if (restored.ok()) ++restores_;
+        return restored;
+      }
+      // Start-up checks sizes only: a flipped byte shows here. Resuming the newest good step
+      // beats failing every restart on this one.
+      damaged.insert(*step);
+      QuarantineModel(*step, restored.status());
     }
     if (restores_ == 0 && !first) {
       // Every session so far started afresh, so what is there past step 0 is this job's own,
@@ -107,15 +117,30 @@ class CheckpointSessionCreator::Impl {
  private:
   bool paired() const { return !options_.input_basename.empty(); }
 
-  // The newest complete step (paired) or the model's latest listed one; nullopt when there is
-  // none.
-  Result<std::optional<int64_t>> StepToResume() {
+  // The newest complete step (paired) or the model's latest listed one, passing over the steps
+  // in `damaged`; nullopt when there is none.
+  Result<std::optional<int64_t>> StepToResume(const std::set<int64_t>& damaged) {
     const std::string& dir = options_.checkpoint_dir;
     if (paired()) {
-      auto complete =
-          NewestCompleteStep(dir, options_.model_basename, options_.input_basename, fs_);
-      if (!complete.ok()) return complete.status().WithContext("finding the step to resume");
-      return *complete;
+      if (damaged.empty()) {
+        auto complete =
+            NewestCompleteStep(dir, options_.model_basename, options_.input_basename, fs_);
+        if (!complete.ok()) return complete.status().WithContext("finding the step to resume");
+        return *complete;
+      }
+      // A quarantine that could not be done leaves the damaged step listed: pass over it.
+      ASSIGN_OR_RETURN(
+          const std::vector<int64_t> model,
+          CommittedCheckpointSteps(dir, options_.model_basename, kCheckpointStateFileName, fs_));
+      ASSIGN_OR_RETURN(
+          const std::vector<int64_t> input,
+          CommittedCheckpointSteps(dir, options_.input_basename,
+                                   InputStateFileForBasename(options_.input_basename), fs_));
+      const std::set<int64_t> input_steps(input.begin(), input.end());
+      for (auto it = model.rbegin(); it != model.rend(); ++it) {
+        if (input_steps.contains(*it) && !damaged.contains(*it)) return std::optional(*it);
+      }
+      return std::optional<int64_t>();
     }
     auto state = GetCheckpointState(dir, kCheckpointStateFileName, fs_);
     if (state.status().code() == StatusCode::kNotFound) return std::optional<int64_t>();
@@ -129,7 +154,25 @@ class CheckpointSessionCreator::Impl {
           "' as the latest checkpoint, which is not a checkpoint of basename '" +
           options_.model_basename + "'");
     }
-    return step;
+    // The latest in save order that is not damaged: the one before it in the list, and so on.
+    const auto& listed = state->all_model_checkpoint_paths;
+    for (auto it = listed.rbegin(); it != listed.rend(); ++it) {
+      step = CheckpointStep(*it, options_.model_basename);
+      if (step && !damaged.contains(*step)) return step;
+    }
+    return std::optional<int64_t>();
+  }
+
+  // A checkpoint whose restore found a bad byte: quarantined as start-up does (through this
+  // process's saver when it holds the directory), so that the next start does not try it again.
+  // When that cannot be done, the failure is logged and the restore falls back all the same.
+  void QuarantineModel(int64_t step, const Status& found) {
+    const std::string name = format::CheckpointDirName(options_.model_basename, step);
+    LogError("restoring " + JoinCheckpointPath(options_.checkpoint_dir, name) +
+             " found a bad byte: " + found.message() +
+             "; falling back to the newest good checkpoint before it");
+    (void)QuarantineFoundDamage(*fs_, options_.checkpoint_dir, kCheckpointStateFileName, name,
+                                found.message());
   }
 
   Result<int64_t> Restore(int64_t step) {

@@ -570,9 +570,9 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::stri
 Result<std::unique_ptr<CheckpointReader>> CheckpointReader::OpenLatest(
     const std::string& dir, const ReaderOptions& options) {
   try {
-    ASSIGN_OR_RETURN(std::string latest,
-                     LatestCheckpoint(dir, kCheckpointStateFileName, options.file_system));
-    return Open(latest, options);
+    ASSIGN_OR_RETURN(const ResumeCheckpoints resume,
+                     FindResumeCheckpoints(dir, "", kCheckpointStateFileName, options.file_system));
+    return Open(resume.latest_path, options);
   } catch (...) {
     return StatusOfCurrentException([&] { return "opening the latest checkpoint in " + dir; });
   }

@@ -15,6 +15,7 @@
 #include "src/saver/saver_start.h"
 #include "src/state/checkpoint_names.h"
 #include "src/state/committed_steps.h"
+#include "src/state/state_claims.h"
 #include "src/util/status_macros.h"
 
 namespace asyncckpt {
@@ -163,18 +164,34 @@ class Checkpointer::Impl {
   SaverTotals Totals() const { return core_->totals(); }
 
   std::vector<int64_t> AllSteps() const {
-    // Rank 0 alone commits and writes the state file: the other ranks read it.
+    // Rank 0 alone commits and writes the state file: the other ranks read it, as does a
+    // checkpointer not yet started, changing nothing.
     if (!started_ || (MultiProcess() && core_->options().coordinator->rank() != 0)) {
       const SaverOptions& options = core_->options();
-      Result<std::vector<int64_t>> committed = CommittedCheckpointSteps(
-          options.checkpoint_dir, options.basename, kCheckpointStateFileName, ReadFs());
-      return committed.ok() ? *committed : std::vector<int64_t>();
+      std::unique_ptr<io::FileSystem> posix;
+      io::FileSystem* fs = ReadFs();
+      if (fs == nullptr) fs = (posix = io::NewPosixFileSystem()).get();
+      Result<ResumeCheckpoints> resume = ResolveResumeCheckpoints(
+          *fs, options.checkpoint_dir, options.basename, kCheckpointStateFileName,
+          [fs](const std::string& path) { return ValidateCheckpointDirectory(*fs, path); },
+          options.max_to_keep);
+      return resume.ok() ? resume->steps : std::vector<int64_t>();
     }
     std::vector<int64_t> steps;
     for (const std::string& name : core_->manager()->retained()) {
       if (auto step = CheckpointStep(name, core_->options().basename)) steps.push_back(*step);
     }
     return steps;
+  }
+
+  Status Quarantine(int64_t step, const std::string& why) {
+    const SaverOptions& options = core_->options();
+    std::unique_ptr<io::FileSystem> posix;
+    io::FileSystem* fs = started_ ? core_->fs() : ReadFs();
+    if (fs == nullptr) fs = (posix = io::NewPosixFileSystem()).get();
+    return QuarantineFoundDamage(*fs, options.checkpoint_dir, kCheckpointStateFileName,
+                                 format::CheckpointDirName(options.basename, step), why)
+        .status();
   }
 
   std::string CheckpointPath(int64_t step) const {
@@ -283,6 +300,16 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(SaverOptions options,
   setup.mode = mode;
   setup.save_noun = "a save";
   ASSIGN_OR_RETURN(auto core, SaverCore::Create(std::move(options), std::move(setup)));
+  if (start == CheckpointerStart::kAtFirstSave) {
+    // A deferred start would find this refusal only at the first save, after the training it
+    // was to keep; read now, changing nothing.
+    const SaverOptions& checked = core->options();
+    std::unique_ptr<io::FileSystem> posix;
+    io::FileSystem* fs = checked.file_system;
+    if (fs == nullptr) fs = (posix = io::NewPosixFileSystem()).get();
+    RETURN_IF_ERROR(CheckBasenameUnclaimed(*fs, checked.checkpoint_dir, checked.basename,
+                                           kCheckpointStateFileName));
+  }
   auto impl = std::make_unique<Impl>(std::move(core), mode);
   if (start == CheckpointerStart::kAtCreate && !collective) RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<Checkpointer>(new Checkpointer(std::move(impl)));
@@ -325,6 +352,10 @@ std::optional<int64_t> Checkpointer::latest_step() const {
   std::vector<int64_t> steps = impl_->AllSteps();
   if (steps.empty()) return std::nullopt;
   return steps.back();
+}
+
+Status Checkpointer::quarantine(int64_t step, const std::string& why) {
+  return impl_->Quarantine(step, why);
 }
 
 std::string Checkpointer::checkpoint_path(int64_t step) const {

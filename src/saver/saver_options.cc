@@ -26,8 +26,13 @@ Status ValidateSaverOptions(const SaverOptions& options) {
     return Status::InvalidArgument("save_secs must be positive and finite, got " +
                                    std::to_string(*options.save_secs));
   }
+  if (options.basename.empty()) {
+    // "-3" would be no checkpoint name any reader parses back: saved, then never found again.
+    return Status::InvalidArgument("basename must not be empty: checkpoints are <basename>-<step>");
+  }
   RETURN_IF_ERROR(ValidateCheckpointName(options.basename + "-0")
-                      .WithContext("basename '" + options.basename + "' is not a plain file name"));
+                      .WithContext("basename " + QuoteForMessage(options.basename) +
+                                   " is not a plain file name"));
   if (options.max_to_keep < 0) {
     return Status::InvalidArgument("max_to_keep must be >= 0 (0 keeps all), got " +
                                    std::to_string(options.max_to_keep));

@@ -3,6 +3,8 @@
 
 #include "src/saver/saver_storage.h"
 
+#include <map>
+#include <mutex>
 #include <string_view>
 #include <utility>
 
@@ -28,10 +30,36 @@ class ScopeExit {
   F f_;
 };
 
+// The state-file locks this process holds through its savers: the managers of the started
+// ones, and the partners' locks taken ahead of start-up for savers not started yet.
+struct HeldLocks {
+  std::mutex mu;
+  std::map<std::string, CheckpointManager*> managers;           // by lock path
+  std::map<std::string, std::unique_ptr<io::FileLock>> parked;  // by lock path
+};
+
+HeldLocks& Held() {
+  static HeldLocks* held = new HeldLocks;  // never destroyed: savers may outlive static ones
+  return *held;
+}
+
+std::string LockPath(const std::string& dir, const std::string& state_file_name) {
+  return JoinCheckpointPath(dir, DirectoryLockFileName(state_file_name));
+}
+
 Status LockDirectory(io::FileSystem& fs, const SaverOptions& options,
                      const std::string& state_file_name, std::unique_ptr<io::FileLock>* lock) {
-  const std::string path =
-      JoinCheckpointPath(options.checkpoint_dir, DirectoryLockFileName(state_file_name));
+  const std::string path = LockPath(options.checkpoint_dir, state_file_name);
+  {
+    // Taken ahead by the saver this one pairs with: take it over.
+    std::lock_guard held_lock(Held().mu);
+    const auto parked = Held().parked.find(path);
+    if (parked != Held().parked.end()) {
+      *lock = std::move(parked->second);
+      Held().parked.erase(parked);
+      return Status::OK();
+    }
+  }
   const Status locked = ToStatus(fs.lock_file(path, lock));
   if (locked.code() == StatusCode::kFailedPrecondition) {
     return Status::FailedPrecondition(
@@ -67,6 +95,61 @@ Status RefuseSilentFreshStart(const SaverOptions& options, const StartupReport& 
 
 std::string DirectoryLockFileName(const std::string& state_file_name) {
   return state_file_name + ".lock";
+}
+
+SaverStorage::~SaverStorage() { ReleaseLock(); }
+
+void SaverStorage::ReleaseLock() {
+  {
+    std::lock_guard held_lock(Held().mu);
+    if (!lock_path_.empty()) Held().managers.erase(lock_path_);
+    if (!partner_path_.empty()) Held().parked.erase(partner_path_);  // never taken over
+  }
+  lock_path_.clear();
+  partner_path_.clear();
+  lock.reset();
+}
+
+Status SaverStorage::LockPartnerAhead(const SaverOptions& options) {
+  const std::string state_file = InputStateFileForBasename(options.paired_input_basename);
+  const std::string path = LockPath(options.checkpoint_dir, state_file);
+  {
+    std::lock_guard held_lock(Held().mu);
+    if (Held().managers.contains(path) || Held().parked.contains(path)) return Status::OK();
+  }
+  std::unique_ptr<io::FileLock> partner_lock;
+  const Status locked = ToStatus(fs->lock_file(path, &partner_lock));
+  if (locked.code() == StatusCode::kFailedPrecondition) {
+    return Status::FailedPrecondition(
+        "checkpoint_dir " + options.checkpoint_dir + " is in use by another job: " +
+        locked.message() + " (the state file '" + state_file + "' of the input pipeline paired " +
+        "with this saver's '" + options.basename + "'); nothing in the directory was changed");
+  }
+  RETURN_IF_ERROR(locked.WithContext("locking checkpoint_dir " + options.checkpoint_dir));
+  std::lock_guard held_lock(Held().mu);
+  Held().parked[path] = std::move(partner_lock);
+  partner_path_ = path;
+  return Status::OK();
+}
+
+Result<std::string> QuarantineFoundDamage(io::FileSystem& fs, const std::string& dir,
+                                          const std::string& state_file_name,
+                                          const std::string& name, const std::string& why) {
+  const std::string path = LockPath(dir, state_file_name);
+  {
+    std::lock_guard held_lock(Held().mu);
+    const auto holder = Held().managers.find(path);
+    if (holder != Held().managers.end()) return holder->second->Quarantine(name, why);
+  }
+  std::unique_ptr<io::FileLock> lock;
+  const Status locked = ToStatus(fs.lock_file(path, &lock));
+  if (!locked.ok()) {
+    LogError("checkpoint " + JoinCheckpointPath(dir, name) + " is damaged (" + why +
+             "); it was not quarantined, as its directory is not this process's to change: " +
+             locked.ToString());
+    return locked.WithContext("quarantining " + JoinCheckpointPath(dir, name));
+  }
+  return QuarantineListedCheckpoint(fs, dir, state_file_name, name, why);
 }
 
 void SaverStorage::OpenFileSystem(const SaverOptions& options) {
@@ -114,12 +197,18 @@ Result<std::vector<std::string>> SaverStorage::Start(const SaverOptions& options
   // A start that fails below leaves the directory to whoever comes next.
   bool started = false;
   const ScopeExit unlock_unless_started([&] {
-    if (!started) lock.reset();
+    if (!started) ReleaseLock();
   });
+  if (partner.basename.empty() && !options.paired_input_basename.empty() && partner_path_.empty()) {
+    RETURN_IF_ERROR(LockPartnerAhead(options));
+  }
   MakeManager(options, state_file_name, partner);
   ASSIGN_OR_RETURN(StartupReport report, manager->Start());
   RETURN_IF_ERROR(RefuseSilentFreshStart(options, report, *manager));
   started = true;
+  lock_path_ = LockPath(options.checkpoint_dir, state_file_name);
+  std::lock_guard held_lock(Held().mu);
+  Held().managers[lock_path_] = manager.get();
   return std::move(report.removed);
 }
 

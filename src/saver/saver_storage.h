@@ -22,6 +22,13 @@ namespace asyncckpt {
 std::string DirectoryLockFileName(const std::string& state_file_name);
 
 /// The file system, directory lock and retention manager of a saver, ready after Start().
+///
+/// Locks of one process. A started storage registers its manager under its lock's path, so that
+/// a reader of the same process that finds a checkpoint damaged (QuarantineFoundDamage) goes
+/// through it. A saver paired with an input pipeline (options.paired_input_basename) takes the
+/// input's state-file lock too, before its start-up changes anything, and keeps it for the
+/// input pipeline's saver of this process, whose Start takes it over: a job one of whose locks
+/// another job holds changes nothing in the directory.
 struct SaverStorage {
   /// options.file_system, or the default backend the options choose (then owned here).
   io::FileSystem* fs = nullptr;
@@ -33,10 +40,15 @@ struct SaverStorage {
   /// destruction; declared last so that it goes first, before the file system it came from.
   std::unique_ptr<io::FileLock> lock;
 
+  /// Unregisters the manager and releases the locks.
+  ~SaverStorage();
+
   /// Creates checkpoint_dir and locks its state file `state_file_name` before touching
   /// anything else there: while another saver (of any process and basename, this one
   /// included) holds that lock, fails with FailedPrecondition naming the lock file and its
-  /// holder's PID and host, and leaves the directory as it was. Then creates a manager
+  /// holder's PID and host, and leaves the directory as it was. With
+  /// options.paired_input_basename (and no `partner`), locks the input pipeline's state file
+  /// too, unless a saver of this process holds it, with the same refusal. Then creates a manager
   /// validating with ValidateCheckpointDirectory and runs its start-up recovery and garbage
   /// collection (CheckpointManager::Start). Pairs retention with `partner`, or, when that is
   /// empty, with options.paired_input_basename's input checkpoints. FailedPrecondition naming
@@ -56,13 +68,28 @@ struct SaverStorage {
                 const CheckpointPartner& partner = {});
   /// Lets another saver take the directory (the hooks call it once their last save is
   /// durable, in end()).
-  void ReleaseLock() { lock.reset(); }
+  void ReleaseLock();
 
  private:
   void OpenFileSystem(const SaverOptions& options);
   void MakeManager(const SaverOptions& options, const std::string& state_file_name,
                    const CheckpointPartner& partner);
+  // Locks the paired input pipeline's state file ahead of start-up (see the struct comment).
+  Status LockPartnerAhead(const SaverOptions& options);
+
+  std::string lock_path_;     // registered with this process's held locks once started
+  std::string partner_path_;  // the partner's lock this storage parked, if any
 };
+
+/// Quarantines the damaged checkpoint `dir`/`name` that a restore found (a chunk failing its
+/// checksum), as start-up quarantines one: through the manager of this process that holds the
+/// lock of `state_file_name`, or else under that lock taken for the moment
+/// (QuarantineListedCheckpoint). Returns the quarantined name. FailedPrecondition, logged as an
+/// error naming the checkpoint, when another process holds the lock: the directory is then left
+/// as it is. `fs` is the file system the directory is read through.
+Result<std::string> QuarantineFoundDamage(io::FileSystem& fs, const std::string& dir,
+                                          const std::string& state_file_name,
+                                          const std::string& name, const std::string& why);
 
 /// The state file of input pipeline checkpoints named `basename`: "checkpoint_" + the basename
 /// without ".ckpt" ("checkpoint_input" for "input.ckpt"; TensorFlow's latest_filename).

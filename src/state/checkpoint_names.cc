@@ -68,7 +68,25 @@ using state_internal::NameProblem;
 Status ValidateCheckpointName(std::string_view name) {
   const std::string problem = NameProblem(name);
   if (problem.empty()) return Status::OK();
-  return Status::InvalidArgument(problem + ": '" + std::string(name) + "'");
+  return Status::InvalidArgument(problem + ": " + QuoteForMessage(name));
+}
+
+std::string QuoteForMessage(std::string_view text) {
+  constexpr size_t kMax = 200;
+  std::string quoted = "'";
+  for (size_t i = 0; i < text.size() && i < kMax; ++i) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    if (byte >= 0x20 && byte < 0x7f && byte != '\'' && byte != '\\') {
+      quoted.push_back(static_cast<char>(byte));
+      continue;
+    }
+    char escaped[5];
+    std::snprintf(escaped, sizeof(escaped), "\\x%02x", byte);
+    quoted += escaped;
+  }
+  quoted.push_back('\'');
+  if (text.size() > kMax) quoted += "... (" + std::to_string(text.size()) + " bytes)";
+  return quoted;
 }
 
 std::string JoinCheckpointPath(const std::string& dir, const std::string& name) {

@@ -22,6 +22,11 @@ namespace asyncckpt {
 /// OK when `name` may name an entry of a checkpoint directory, else InvalidArgument saying why.
 Status ValidateCheckpointName(std::string_view name);
 
+/// `text` in single quotes for a message, each byte that is not printable ASCII (a control
+/// byte, a terminal escape, a quote, a backslash, any byte >= 0x7f) written as \xNN and a long
+/// text cut at 200 bytes: bytes read from a file or a directory never reach a terminal raw.
+std::string QuoteForMessage(std::string_view text);
+
 /// `dir` + "/" + `name` (no doubled separator; just `name` when dir is empty).
 std::string JoinCheckpointPath(const std::string& dir, const std::string& name);
 

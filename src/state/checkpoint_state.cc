@@ -4,6 +4,7 @@
 
 #include "src/state/checkpoint_state.h"
 
+#include <algorithm>
 #include <exception>
 #include <optional>
 #include <utility>
@@ -206,6 +207,73 @@ void CheckpointManager::DeleteCheckpointLocked(const std::string& name, bool lea
     return;
   }
   LogInfo("retention removed " + Describe(name));
+}
+
+namespace {
+
+// The rename and the log line of a quarantine after restore found `name` damaged.
+Result<std::string> MoveDamaged(io::FileSystem& fs, const std::string& dir, const std::string& name,
+                                const std::string& why) {
+  const std::string path = JoinCheckpointPath(dir, name);
+  Result<std::string> moved = QuarantineDirectory(fs, dir, name);
+  if (!moved.ok()) {
+    LogError("checkpoint " + path + " is damaged (" + why + ") and could not be quarantined: " +
+             moved.status().ToString() + "; it is no longer listed, so no resume picks it");
+    return moved.status();
+  }
+  LogError("checkpoint " + path + " is damaged (" + why + "); quarantined it as " +
+           JoinCheckpointPath(dir, *moved) +
+           ", kept for inspection and never removed automatically (see docs/durability.md)");
+  return moved;
+}
+
+}  // namespace
+
+Result<std::string> QuarantineListedCheckpoint(io::FileSystem& fs, const std::string& dir,
+                                               const std::string& state_file_name,
+                                               const std::string& name, const std::string& why) {
+  RETURN_IF_ERROR(ValidateCheckpointName(name).WithContext("quarantining a checkpoint"));
+  Result<CheckpointState> read = ReadCheckpointState(fs, dir, state_file_name);
+  if (read.ok()) {
+    CheckpointState state = std::move(read).value();
+    auto& paths = state.all_model_checkpoint_paths;
+    auto& timestamps = state.all_model_checkpoint_timestamps;
+    const auto at = std::find(paths.begin(), paths.end(), name);
+    if (at != paths.end()) {
+      if (timestamps.size() == paths.size())
+        timestamps.erase(timestamps.begin() + (at - paths.begin()));
+      paths.erase(at);
+      state.model_checkpoint_path = paths.empty() ? std::string() : paths.back();
+      const Status written = WriteCheckpointState(fs, dir, state, state_file_name);
+      if (!written.ok()) {
+        LogWarning("could not drop " + name + " from " + JoinCheckpointPath(dir, state_file_name) +
+                   " (the next start does): " + written.ToString());
+      }
+    }
+  }
+  return MoveDamaged(fs, dir, name, why);
+}
+
+Result<std::string> CheckpointManager::Quarantine(const std::string& name, const std::string& why) {
+  RETURN_IF_ERROR(ValidateCheckpointName(name).WithContext("quarantining a checkpoint"));
+  if (!CheckpointStep(name, basename_)) {
+    return Status::InvalidArgument("quarantining a checkpoint: '" + name + "' is not of the form " +
+                                   basename_ + "-<step>");
+  }
+  std::lock_guard lock(mu_);
+  const size_t before = entries_.size();
+  std::erase_if(entries_, [&](const Entry& e) { return e.name == name; });
+  std::erase(unwritten_deletions_, name);
+  deferred_deletions_.erase(name);
+  if (entries_.size() != before) {
+    std::unique_lock<std::mutex> pairing = LockPairing(!partner_.basename.empty());
+    const Status written = WriteCheckpointState(*fs_, dir_, StateLocked(), state_file_name_);
+    if (!written.ok()) {
+      LogWarning("could not drop " + name + " from " + JoinCheckpointPath(dir_, state_file_name_) +
+                 " (the next save or start does): " + written.ToString());
+    }
+  }
+  return MoveDamaged(*fs_, dir_, name, why);
 }
 
 void CheckpointManager::Pin(const std::string& name) {

@@ -73,13 +73,24 @@ struct StartupReport {
   /// keep_checkpoint_every_n_hours may have preserved them.
   std::vector<std::string> kept_unlisted;
   /// Quarantined checkpoints of this basename now in checkpoint_dir, by this start or an
-  /// earlier one: "<basename>-<step>.corrupt-<hex>" directories. Sorted.
+  /// earlier one: "<basename>-<step>.corrupt-<hex>" directories. Sorted. Start logs a warning
+  /// with their count and bytes.
   std::vector<std::string> quarantined;
+  /// Bytes of the files in the quarantined directories.
+  uint64_t quarantined_bytes = 0;
   /// Empty when the state file was usable; else why the list was rebuilt from the directory.
   std::string rebuilt_because;
   /// What could not be done (a removal, the state file's rewrite); retried at the next start.
   std::vector<std::string> failures;
 };
+
+/// Quarantine for a process that holds the lock of `state_file_name` but runs no manager over it
+/// (a restore before any save): drops `name` from the state file when it lists it, rewrites it,
+/// then renames `dir`/`name` to QuarantineDirName(name) and logs an error naming `why`. The
+/// caller holds the state file's lock. Returns the quarantined name, or the rename's error.
+Result<std::string> QuarantineListedCheckpoint(io::FileSystem& fs, const std::string& dir,
+                                               const std::string& state_file_name,
+                                               const std::string& name, const std::string& why);
 
 /// Keeps the state file and the retained checkpoints of one (checkpoint_dir, basename, state
 /// file) with TensorFlow Saver's retention rules, defers deleting a checkpoint that is in use,
@@ -134,7 +145,10 @@ class CheckpointManager {
   CheckpointManager& operator=(const CheckpointManager&) = delete;
 
   /// Start-up recovery and garbage collection, before the first RecordCommitted (it would
-  /// delete the temporary directory of a save in progress). In order:
+  /// delete the temporary directory of a save in progress). First the refusals, which change
+  /// nothing: FailedPrecondition when another state file of checkpoint_dir lists checkpoints of
+  /// basename (CheckBasenameUnclaimed), or when a "<basename>-<step>" directory was written by a
+  /// newer release (the validator's FailedPrecondition), naming each. Then, in order:
   ///  1. removes every "<basename>-<digits>.tmp-<hex>" and "<basename>-<digits>.deleting-<hex>"
   ///     directory and every "<state_file_name>.tmp-<hex>" file (half-written saves, old copies,
   ///     interrupted deletions);
@@ -153,7 +167,8 @@ class CheckpointManager {
   ///     TensorFlow does);
   ///  4. rewrites the state file when the list changed, then quarantines what step 2 dropped
   ///     as damaged (a rename loses nothing, so also when the rewrite failed). Relisting is
-  ///     logged. "<basename>-<step>.corrupt-<hex>" directories are reported, never touched.
+  ///     logged. "<basename>-<step>.corrupt-<hex>" directories are reported, never touched, and
+  ///     a warning names them with their count and bytes.
   /// A missing, empty or unparsable state file therefore yields the newest complete
   /// checkpoints on disk, logged loudly; a fresh directory yields an empty list, silently.
   /// Failures to remove or rewrite are logged and reported, not returned. An error only when
@@ -179,6 +194,14 @@ class CheckpointManager {
   bool HasRenamed() const;
   /// Removes what RecordCommittedLeavingRemovals left (RemoveRenamed).
   ~CheckpointManager();
+
+  /// Quarantines checkpoint `name`, found damaged after start-up (a chunk that fails its
+  /// checksum at restore), as start-up quarantines one: drops it from the list, rewrites the
+  /// state file, renames the directory to QuarantineDirName(name) (also when the rewrite failed:
+  /// a rename loses nothing) and logs an error naming it and `why`. Returns the quarantined name;
+  /// InvalidArgument for a name of another form; the rename's error when it failed (the name is
+  /// then dropped from the list all the same, so that no resume picks it).
+  Result<std::string> Quarantine(const std::string& name, const std::string& why);
 
   /// Protects checkpoint `name` from deletion until a matching Unpin (counted).
   void Pin(const std::string& name);

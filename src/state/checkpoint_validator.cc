@@ -46,6 +46,7 @@ Verdict Classify(const Status& status) {
   if (status.code() == StatusCode::kNotFound || status.code() == StatusCode::kCorruption) {
     return Verdict::kIncomplete;
   }
+  if (status.code() == StatusCode::kFailedPrecondition) return Verdict::kNewer;
   return Verdict::kUnknown;
 }
 

@@ -25,9 +25,11 @@ struct ValidCheckpoint {
 };
 
 /// Decides whether the directory at `checkpoint_path` is a complete checkpoint. OK with what it
-/// holds; NotFound or Corruption when it is incomplete or damaged (start-up quarantines it); any
-/// other code when it cannot tell (an I/O error, another format version): such a directory is
-/// never removed. Called with the manager's lock held, from the thread calling the manager.
+/// holds; NotFound or Corruption when it is incomplete or damaged (start-up quarantines it);
+/// FailedPrecondition when it is intact but of a format this build cannot read, a newer
+/// release's (start-up refuses to run beside it); any other code when it cannot tell (an I/O
+/// error): such a directory is never removed. Called with the manager's lock held, from the
+/// thread calling the manager.
 using CheckpointValidator =
     std::function<Result<ValidCheckpoint>(const std::string& checkpoint_path)>;
 
@@ -40,8 +42,9 @@ Result<ValidCheckpoint> IndexFileExists(io::FileSystem& fs, const std::string& c
 /// `checkpoint_path` holds a regular "index" file of at most format::kMaxIndexBytes that decodes,
 /// and every chunk it names lies inside its data files (their sizes, not their bytes, are checked).
 /// NotFound or Corruption when it does not; FailedPrecondition for an intact index of another
-/// format version; IOError when a file cannot be read; ResourceExhausted when the index cannot
-/// be held in memory. Never opens anything but the index, never follows a symlinked index.
+/// format version or with unknown header flags (a newer release's); IOError when a file cannot be
+/// read; ResourceExhausted when the index cannot be held in memory. Never opens anything but the
+/// index, never follows a symlinked index.
 Result<ValidCheckpoint> ValidateCheckpointDirectory(io::FileSystem& fs,
                                                     const std::string& checkpoint_path);
 
@@ -49,11 +52,12 @@ Result<ValidCheckpoint> ValidateCheckpointDirectory(io::FileSystem& fs,
 namespace state_internal {
 
 /// What a validator's answer means for a directory: complete, known to be incomplete or damaged
-/// (start-up quarantines it), or unknown (an I/O error, another format version: never removed).
-enum class Verdict { kComplete, kIncomplete, kUnknown };
+/// (start-up quarantines it), a newer release's (start-up refuses to run: resuming an older step
+/// in its place would lose it), or unknown (an I/O error: never removed).
+enum class Verdict { kComplete, kIncomplete, kNewer, kUnknown };
 
 /// The Verdict of a validator's status: OK is complete, NotFound and Corruption incomplete,
-/// anything else unknown.
+/// FailedPrecondition newer, anything else unknown.
 Verdict Classify(const Status& status);
 
 /// `validator`'s answer for the checkpoint directory `path` named for `step`, with an intact

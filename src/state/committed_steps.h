@@ -4,13 +4,15 @@
 // the committed steps a reader may trust (ListCommittedSteps, and the public
 // CommittedCheckpointSteps of asyncckpt/state.h over the savers' validator), which trusts the
 // state file's list only when every checkpoint it names is complete, and the damaged ones that
-// start-up quarantines (FindDamagedCheckpoints).
+// start-up quarantines (FindDamagedCheckpoints), and the checkpoint a resume would use
+// (ResolveResumeCheckpoints, and the public FindResumeCheckpoints).
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "asyncckpt/file_system.h"
+#include "asyncckpt/state.h"
 #include "asyncckpt/status.h"
 #include "src/state/checkpoint_validator.h"
 
@@ -38,5 +40,28 @@ Result<std::vector<int64_t>> ListCommittedSteps(io::FileSystem& fs, const std::s
                                                 const std::string& basename,
                                                 const std::string& state_file_name,
                                                 const CheckpointValidator& validator);
+
+/// One quarantined checkpoint directory: "<basename>-<step>.corrupt-<hex>".
+struct QuarantinedCheckpoint {
+  /// Its name in the directory.
+  std::string name;
+  /// Bytes of its files.
+  uint64_t bytes = 0;
+};
+
+/// Every quarantined checkpoint directory of `dir`, of any basename, in name order; nothing
+/// else (a plain file so named, a symlink, a checkpoint, a temporary) is named. A missing `dir`
+/// has none; IOError when it cannot be listed. Read-only: `asyncckpt gc` lists and removes them.
+Result<std::vector<QuarantinedCheckpoint>> ListQuarantinedCheckpoints(io::FileSystem& fs,
+                                                                      const std::string& dir);
+
+/// FindResumeCheckpoints (asyncckpt/state.h) of `basename` with an injected validator and the
+/// saver's max_to_keep, which decides, as at start-up, how many complete unlisted checkpoints
+/// are listed again (<= 0: all). `basename` must be given.
+Result<ResumeCheckpoints> ResolveResumeCheckpoints(io::FileSystem& fs, const std::string& dir,
+                                                   const std::string& basename,
+                                                   const std::string& state_file_name,
+                                                   const CheckpointValidator& validator,
+                                                   int max_to_keep);
 
 }  // namespace asyncckpt

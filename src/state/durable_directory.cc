@@ -4,6 +4,7 @@
 #include "src/state/durable_directory.h"
 
 #include <cerrno>
+#include <vector>
 
 #include "src/state/checkpoint_names.h"
 #include "src/util/io_status.h"
@@ -98,6 +99,22 @@ Status CommitDirectory(io::FileSystem& fs, const std::string& parent, const std:
     }
   }
   return Status::OK();
+}
+
+uint64_t DirectoryBytes(io::FileSystem& fs, const std::string& path) {
+  std::vector<std::string> names;
+  if (!fs.list_dir(path, &names).ok()) return 0;
+  uint64_t total = 0;
+  for (const std::string& name : names) {
+    uint64_t size = 0;
+    io::EntryType type = io::EntryType::kNone;
+    const std::string file = JoinCheckpointPath(path, name);
+    if (fs.entry_type(file, &type).ok() && type == io::EntryType::kFile &&
+        fs.file_size(file, &size).ok()) {
+      total += size;
+    }
+  }
+  return total;
 }
 
 }  // namespace asyncckpt

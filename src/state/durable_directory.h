@@ -3,8 +3,9 @@
 // The two directory operations that a crash never leaves half done: committing a fully written
 // checkpoint directory under its final name (CommitDirectory, with its crash-consistency
 // contract), deleting one (RemoveDirectoryDurably), and quarantining a damaged one
-// (QuarantineDirectory).
+// (QuarantineDirectory), and the size of one (DirectoryBytes).
 
+#include <cstdint>
 #include <string>
 
 #include "asyncckpt/file_system.h"
@@ -68,5 +69,9 @@ Result<std::string> QuarantineDirectory(io::FileSystem& fs, const std::string& p
 /// InvalidArgument for a bad name; otherwise the first failing step's error (with the paths).
 Status CommitDirectory(io::FileSystem& fs, const std::string& parent, const std::string& tmp_name,
                        const std::string& final_name);
+
+/// The bytes of the regular files directly in the directory `path` (a checkpoint is flat: an
+/// index and data files); what cannot be listed or sized counts 0. For reports, never a decision.
+uint64_t DirectoryBytes(io::FileSystem& fs, const std::string& path);
 
 }  // namespace asyncckpt

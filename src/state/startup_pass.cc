@@ -4,12 +4,15 @@
 #include "src/state/startup_pass.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <iterator>
 #include <mutex>
 #include <optional>
 #include <string_view>
 #include <utility>
 
 #include "src/state/pairing.h"
+#include "src/state/state_claims.h"
 #include "src/util/io_status.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
@@ -22,6 +25,10 @@ Status StartupPass::Run() {
   RETURN_IF_ERROR(ToStatus(fs_.list_dir(options_.checkpoint_dir, &names))
                       .WithContext("listing checkpoint_dir at start-up"));
   std::sort(names.begin(), names.end());
+  // Refusals first, so that a refused start leaves the directory as it found it.
+  RETURN_IF_ERROR(CheckBasenameUnclaimed(fs_, options_.checkpoint_dir, options_.basename,
+                                         options_.state_file_name));
+  RETURN_IF_ERROR(RefuseNewer(names));
   RemoveLeftovers(names);
   for (const std::string& name : names) {
     if (IsQuarantinedCheckpoint(name, options_.basename)) report_.quarantined.push_back(name);
@@ -58,9 +65,33 @@ void StartupPass::Fail(const std::string& what) {
   report_.failures.push_back(what);
 }
 
-Result<ValidCheckpoint> StartupPass::Validate(const std::string& name, int64_t step) const {
-  if (validator_) return ValidateNamed(validator_, Path(name), step);
-  return IndexFileExists(fs_, Path(name));
+Result<ValidCheckpoint> StartupPass::Validate(const std::string& name, int64_t step) {
+  const auto known = validated_.find(name);
+  if (known != validated_.end()) return known->second;
+  Result<ValidCheckpoint> valid =
+      validator_ ? ValidateNamed(validator_, Path(name), step) : IndexFileExists(fs_, Path(name));
+  validated_.emplace(name, valid);
+  return valid;
+}
+
+Status StartupPass::RefuseNewer(const std::vector<std::string>& names) {
+  std::string newer;
+  for (const std::string& name : names) {
+    const std::optional<int64_t> step = CheckpointStep(name, options_.basename);
+    io::EntryType type = io::EntryType::kNone;
+    if (!step || !fs_.entry_type(Path(name), &type).ok() || type != io::EntryType::kDirectory) {
+      continue;
+    }
+    const Result<ValidCheckpoint> valid = Validate(name, *step);
+    if (Classify(valid.status()) != Verdict::kNewer) continue;
+    newer += (newer.empty() ? "" : "; ") + Path(name) + " (" + valid.status().message() + ")";
+  }
+  if (newer.empty()) return Status::OK();
+  return Status::FailedPrecondition(
+      "start-up of the " + options_.basename + " checkpoints in " + options_.checkpoint_dir +
+      " refuses to run: a newer release of asyncckpt wrote " + newer +
+      ". Nothing was changed: resuming an older step in its place would lose it. Run a release "
+      "that reads it, or move it out of the directory");
 }
 
 bool StartupPass::IsLeftover(const std::string& name, bool* is_directory_kind) const {
@@ -177,6 +208,7 @@ void StartupPass::LoadListed(const std::string& name, double timestamp) {
     case Verdict::kIncomplete:
       listed_damaged_.emplace_back(name, valid.status().message());
       return Drop(name, "is damaged (" + valid.status().message() + "); it is quarantined");
+    case Verdict::kNewer:  // refused by RefuseNewer before this
     case Verdict::kUnknown:
       Fail("start-up cannot tell whether " + Path(name) +
            " is complete; it stays listed: " + valid.status().ToString());
@@ -210,6 +242,7 @@ void StartupPass::CollectUnlisted(const std::vector<std::string>& names) {
       case Verdict::kIncomplete:
         Quarantine(name, valid.status().message());
         break;
+      case Verdict::kNewer:  // refused by RefuseNewer before this
       case Verdict::kUnknown:
         Fail("start-up cannot tell whether " + Path(name) +
              " is complete; left alone: " + valid.status().ToString());
@@ -281,6 +314,22 @@ void StartupPass::RelistOrRemoveUnlisted() {
 
 namespace {
 
+// "1536 bytes (1.5 KiB)": a byte count for a log line.
+std::string FormatByteCount(uint64_t bytes) {
+  std::string text = std::to_string(bytes) + " bytes";
+  if (bytes < 1024) return text;
+  const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes) / 1024;
+  size_t unit = 0;
+  while (value >= 1024 && unit + 1 < std::size(units)) {
+    value /= 1024;
+    ++unit;
+  }
+  char figure[32];
+  std::snprintf(figure, sizeof(figure), " (%.1f %s)", value, units[unit]);
+  return text + figure;
+}
+
 std::string JoinNames(const std::vector<std::string>& names) {
   std::string text;
   for (const std::string& name : names) text += (text.empty() ? "" : ", ") + name;
@@ -335,6 +384,17 @@ Result<StartupReport> CheckpointManager::Start() {
   // when it failed, since a rename loses nothing and a reader validates what it is named.
   pass.QuarantineListed();
   std::sort(report.removed.begin(), report.removed.end());
+  for (const std::string& name : report.quarantined) {
+    report.quarantined_bytes += DirectoryBytes(*fs_, JoinCheckpointPath(dir_, name));
+  }
+  if (!report.quarantined.empty()) {
+    LogWarning(std::to_string(report.quarantined.size()) + " quarantined " + basename_ +
+               " checkpoint" + (report.quarantined.size() == 1 ? "" : "s") + " in " + dir_ +
+               " hold " + FormatByteCount(report.quarantined_bytes) + ": " +
+               JoinNames(report.quarantined) +
+               ". Kept for inspection and never removed automatically; `asyncckpt gc " + dir_ +
+               " --remove-quarantined` removes them (see docs/durability.md)");
+  }
   return report;
 }
 

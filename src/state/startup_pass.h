@@ -5,6 +5,7 @@
 // runs it; its contract is on Start, in checkpoint_state.h.
 
 #include <cstdint>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -33,7 +34,9 @@ class StartupPass {
               const CheckpointValidator& validator, StartupReport* report)
       : fs_(fs), options_(options), validator_(validator), report_(*report) {}
 
-  // Does the work; an error only when the directory cannot be listed or the state file read.
+  // Does the work; an error only when the directory cannot be listed or the state file read,
+  // or (before anything is changed) when another state file claims the basename or a
+  // checkpoint of it was written by a newer release.
   Status Run();
 
   // The list after start-up, oldest first.
@@ -61,7 +64,12 @@ class StartupPass {
 
   void Fail(const std::string& what);
 
-  Result<ValidCheckpoint> Validate(const std::string& name, int64_t step) const;
+  // The validator's answer, asked once per name and remembered: the refusal of a newer
+  // release's checkpoint validates everything before the pass changes anything.
+  Result<ValidCheckpoint> Validate(const std::string& name, int64_t step);
+
+  // FailedPrecondition naming every "<basename>-<step>" directory a newer release wrote.
+  Status RefuseNewer(const std::vector<std::string>& names);
 
   // Renames a damaged committed checkpoint to QuarantineDirName(name), logged as an error.
   void Quarantine(const std::string& name, const std::string& why);
@@ -104,6 +112,7 @@ class StartupPass {
   std::vector<std::pair<std::string, std::string>> listed_damaged_;  // name, what is wrong
   std::vector<Listed> foreign_;
   std::vector<Listed> unlisted_complete_;
+  std::map<std::string, Result<ValidCheckpoint>> validated_;  // name -> the validator's answer
 };
 
 }  // namespace asyncckpt::state_internal

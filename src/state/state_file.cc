@@ -83,19 +83,19 @@ class StateParser {
     if (field == kAllPathsField) return ParseListPath(value, number);
     if (field == kAllTimestampsField) return ParseTimestamp(value, number);
     if (field == kLastPreservedField) return ParseLastPreserved(value, number);
-    return Error(number, "unknown field '" + std::string(field) + "'");
+    return Error(number, "unknown field " + QuoteForMessage(field));
   }
 
   Result<std::string> ParseName(std::string_view value, int number) const {
     if (value.size() < 2 || value.front() != '"' || value.back() != '"') {
-      return Error(number, "expected a quoted name, got '" + std::string(value) + "'");
+      return Error(number, "expected a quoted name, got " + QuoteForMessage(value));
     }
     const std::string_view name = value.substr(1, value.size() - 2);
     if (name.find('"') != std::string_view::npos || name.find('\\') != std::string_view::npos) {
-      return Error(number, "bad quoting in '" + std::string(value) + "'");
+      return Error(number, "bad quoting in " + QuoteForMessage(value));
     }
     const std::string problem = NameProblem(name);
-    if (!problem.empty()) return Error(number, problem + ": '" + std::string(name) + "'");
+    if (!problem.empty()) return Error(number, problem + ": " + QuoteForMessage(name));
     return std::string(name);
   }
 
@@ -120,7 +120,7 @@ class StateParser {
 
   Status ParseTimestamp(std::string_view value, int number) {
     const std::optional<double> timestamp = ParseDouble(value);
-    if (!timestamp) return Error(number, "bad timestamp '" + std::string(value) + "'");
+    if (!timestamp) return Error(number, "bad timestamp " + QuoteForMessage(value));
     state_.all_model_checkpoint_timestamps.push_back(*timestamp);
     if (first_timestamp_line_ == 0) first_timestamp_line_ = number;
     return Status::OK();
@@ -129,7 +129,7 @@ class StateParser {
   Status ParseLastPreserved(std::string_view value, int number) {
     if (last_preserved_line_ != 0) return Error(number, "last_preserved_timestamp repeated");
     const std::optional<double> timestamp = ParseDouble(value);
-    if (!timestamp) return Error(number, "bad timestamp '" + std::string(value) + "'");
+    if (!timestamp) return Error(number, "bad timestamp " + QuoteForMessage(value));
     state_.last_preserved_timestamp = *timestamp;
     last_preserved_line_ = number;
     return Status::OK();
@@ -290,10 +290,10 @@ Result<std::string> LatestCheckpoint(const std::string& dir, const std::string& 
   io::EntryType type = io::EntryType::kNone;
   RETURN_IF_ERROR(ToStatus(fs->entry_type(dir, &type, io::Symlinks::kFollow)));
   if (type == io::EntryType::kNone) {
-    return Status::NotFound("checkpoint directory " + dir + " does not exist");
+    return Status::NotFound("checkpoint directory " + QuoteForMessage(dir) + " does not exist");
   }
   if (type != io::EntryType::kDirectory) {
-    return Status::NotFound("checkpoint directory " + dir + " is not a directory");
+    return Status::NotFound("checkpoint directory " + QuoteForMessage(dir) + " is not a directory");
   }
   const std::string state_path = JoinCheckpointPath(dir, state_file_name);
   Result<CheckpointState> read = ReadCheckpointState(*fs, dir, state_file_name);

@@ -7,6 +7,8 @@
 #include <optional>
 #include <vector>
 
+#include "tests/support/heap_in_use.h"
+
 namespace asyncckpt::cli {
 namespace {
 
@@ -95,6 +97,33 @@ TEST_F(MemcpyYardstickTest, RejectsAScheduleTheSaverWouldReject) {
   EXPECT_EQ(both.status().code(), StatusCode::kInvalidArgument);
   auto neither = MemcpyYardstickHook::Create(&registry_, Schedule(std::nullopt, std::nullopt));
   EXPECT_FALSE(neither.ok());
+}
+
+// D5 of issue 31 (train-sim's part): the yardstick kept one record per save for the whole run.
+// It keeps the newest kSaverTotalsWindow, the saves the saver's totals keep, and over 5,000
+// saves the heap in use (trimmed) grows by less than 16 bytes a save.
+TEST(MemcpyYardstickMemoryTest, FiveThousandSavesKeepTheNewestWindowAndTheHeapFlat) {
+  std::vector<float> values(16, 1.0f);
+  TensorRegistry registry;
+  ASSERT_TRUE(
+      registry.add(TensorRef{"w", DType::kF32, {16}, values.data(), 64, nullptr, {}, {}}).ok());
+  SaverOptions options;
+  options.save_steps = 1;
+  auto hook = MemcpyYardstickHook::Create(&registry, options);
+  ASSERT_TRUE(hook.ok()) << hook.status().ToString();
+  ASSERT_TRUE((*hook)->after_create_session(0).ok());
+  constexpr int kSaves = 5000;
+  constexpr int kWarmUp = 1000;
+  int64_t at_warm_up = 0;
+  for (int64_t step = 1; step <= kSaves; ++step) {
+    RunContext context(step);
+    ASSERT_TRUE((*hook)->after_run(context, RunValues{}).ok());
+    if (step == kWarmUp) at_warm_up = testing_support::TrimmedHeapInUse();
+  }
+  const int64_t growth = testing_support::TrimmedHeapInUse() - at_warm_up;
+  EXPECT_LT(static_cast<double>(growth) / (kSaves - kWarmUp), 16.0) << growth << " bytes";
+  EXPECT_EQ((*hook)->seconds_by_step().size(), kSaverTotalsWindow);
+  EXPECT_EQ((*hook)->seconds_by_step().rbegin()->first, kSaves);
 }
 
 }  // namespace

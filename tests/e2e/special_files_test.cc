@@ -114,10 +114,17 @@ class SpecialFilesTest : public CliFixture {
   int runs_ = 0;
 };
 
-TEST_F(SpecialFilesTest, StateFileThatIsAFifoFailsLatestAndResumeRebuildsTheList) {
+// `latest` names what a resume would use (issue 31): the list rebuilt from the directory, with
+// the FIFO named on stderr as the reason.
+TEST_F(SpecialFilesTest, StateFileThatIsAFifoLatestAndResumeRebuildTheList) {
   const std::string fifo = dir_ + "/checkpoint";
   MakeFifo(fifo);
-  ExpectFailsNaming({"latest", dir_}, fifo);
+  const CliRun latest = Cli({"latest", dir_});
+  ASSERT_TRUE(latest.exit_code.has_value()) << "latest blocked";
+  EXPECT_EQ(*latest.exit_code, 0) << latest.err;
+  EXPECT_EQ(latest.out, dir_ + "/model.ckpt-4\n");
+  EXPECT_NE(latest.err.find(fifo + " is a FIFO, not a regular file"), std::string::npos)
+      << latest.err;
   ExpectResumeRecoversNaming(fifo, 4);  // the list is rebuilt from model.ckpt-{0,2,4} on disk
 }
 
@@ -133,10 +140,11 @@ TEST_F(SpecialFilesTest, IndexThatIsAFifoFailsVerifyInspectReaderAndResumeSkipsI
   ExpectFailsNaming({"verify", dir_ + "/model.ckpt-4"}, fifo);
   ExpectFailsNaming({"inspect", dir_ + "/model.ckpt-4"}, fifo);
   ExpectReaderOpenFailsNaming(dir_ + "/model.ckpt-4", fifo);
-  // `latest` reads only the state file: it names the checkpoint, and ends.
+  // `latest` names what a resume would use: past model.ckpt-4, never opening the FIFO.
   const CliRun latest = Cli({"latest", dir_});
   ASSERT_TRUE(latest.exit_code.has_value()) << "latest blocked";
   EXPECT_EQ(*latest.exit_code, 0) << latest.err;
+  EXPECT_EQ(latest.out, dir_ + "/model.ckpt-2\n");
   ExpectResumeRecoversNaming(fifo, 2);  // model.ckpt-4 is incomplete: the newest pair is 2
 }
 

@@ -96,13 +96,23 @@ TEST(IndexFormatTest, WrongMagicIsCorruption) {
   ExpectCorruption(Decode(bytes), {"bad magic"});
 }
 
-TEST(IndexFormatTest, WrongVersionIsCorruption) {
-  ExpectCorruption(Decode(Patched(TinyIndex(), 8, 2, 4)), {"unsupported format version 2"});
+// An intact index (its checksum right) of a version or with flags this build does not know is a
+// newer release's checkpoint: FailedPrecondition saying so, never Corruption (which start-up
+// quarantines). Damage to those bytes fails the checksum first (EveryBitFlipIsCorruption).
+TEST(IndexFormatTest, AnotherVersionIsANewerReleasesCheckpointNotCorruption) {
+  const Status status = Decode(Patched(TinyIndex(), 8, 2, 4));
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.ToString();
+  EXPECT_THAT(status.message(), HasSubstr("format version 2 by a newer release"));
+  EXPECT_THAT(status.message(), HasSubstr("this build reads version 1"));
 }
 
-TEST(IndexFormatTest, UnknownFlagsAreCorruption) {
-  ExpectCorruption(Decode(Patched(TinyIndex(), 12, 2, 4)), {"unknown flags 2"});
-  ExpectCorruption(Decode(Patched(TinyIndex(), 12, 3, 4)), {"unknown flags 3"});
+TEST(IndexFormatTest, UnknownFlagsAreANewerReleasesCheckpointNotCorruption) {
+  for (const uint32_t flags : {2u, 3u, 0x80000000u}) {
+    const Status status = Decode(Patched(TinyIndex(), 12, flags, 4));
+    EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.ToString();
+    EXPECT_THAT(status.message(), HasSubstr("version 1 with flags 0x"));
+    EXPECT_THAT(status.message(), HasSubstr("by a newer release of asyncckpt"));
+  }
 }
 
 TEST(IndexFormatTest, TheShardedFlagOnAnUnshardedBodyIsCorruption) {

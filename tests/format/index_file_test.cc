@@ -93,7 +93,17 @@ TEST_F(LoadIndexTest, AnIntactIndexOfAnotherVersionIsFailedPreconditionADamagedO
   WriteFile(IndexFile(), bytes);
   const Status status = LoadIndex(*fs_, dir_).status();
   EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.ToString();
-  EXPECT_THAT(status.message(), HasSubstr("another format version"));
+  EXPECT_THAT(status.message(), HasSubstr("format version 2 by a newer release"));
+}
+
+TEST_F(LoadIndexTest, AnIntactIndexWithUnknownFlagsIsFailedPreconditionNotCorruption) {
+  std::vector<uint8_t> bytes = EncodeIndex(TinyIndex());
+  bytes[12] |= 4;  // a flag a newer release may add within version 1
+  Reseal(&bytes);
+  WriteFile(IndexFile(), bytes);
+  const Status status = LoadIndex(*fs_, dir_).status();
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.ToString();
+  EXPECT_THAT(status.message(), HasSubstr("flags 0x4 by a newer release"));
 }
 
 TEST_F(LoadIndexTest, MissingOrSpecialDataFilesAreCorruptionNamingThem) {

@@ -72,10 +72,13 @@ def test_a_step_below_the_latest_raises_unless_forced_also_after_a_restart(ckpt_
         assert manager.latest_step() == 20
         manager.save(7, state(), force=True)
         manager.wait_until_finished()
-        assert 7 in manager.all_steps()
-        # Forcing a lower step does not lower the floor: 8 is still below 20.
-        with pytest.raises(asyncckpt.StepAlreadyExistsError):
-            manager.save(8, state())
+        assert manager.all_steps() == [20, 7]
+        # A forced lower step is a rollback: 7 is the latest, the rule compares with it.
+        assert manager.latest_step() == 7
+        with pytest.raises(asyncckpt.StepAlreadyExistsError, match="lower than the latest "
+                                                                   "saved step 7"):
+            manager.save(6, state())
+        manager.save(8, state())
 
 
 def test_maybe_save_never_saves_a_step_that_is_not_new(ckpt_dir):

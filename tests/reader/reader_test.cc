@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -251,7 +252,11 @@ TEST_F(ReaderTest, VerifyOfValidLookingBombsTakesBoundedMemory) {
   ::getrusage(RUSAGE_SELF, &after);
   EXPECT_THAT(report.problems, SizeIs(0));
   EXPECT_EQ(report.bytes_checked, 4 * kGiB);
-  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 256 * 1024) << "KiB of peak memory added";
+  // docs/format.md quotes this figure (D9 of issue 31: it said ~11 MiB where a whole `verify`
+  // process peaked at 15.7 to 25 MiB; this is what verify itself adds).
+  const long added_kib = after.ru_maxrss - before.ru_maxrss;
+  std::fprintf(stderr, "verify of 4 x 1 GiB zstd bombs: peak memory +%ld KiB\n", added_kib);
+  EXPECT_LT(added_kib, 32 * 1024) << "KiB of peak memory added";
 }
 
 TEST_F(ReaderTest, OpenRefusesAChunkClaimingMoreThanItsFrameCanDecodeTo) {

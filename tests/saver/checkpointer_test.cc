@@ -20,6 +20,7 @@
 #include "asyncckpt/state.h"
 #include "asyncckpt/xtensor.h"
 #include "io/fault_injection_file_system.h"
+#include "src/state/state_file.h"
 #include "tests/io/gated_file_system.h"
 #include "tests/support/tensor_ref.h"
 
@@ -416,6 +417,83 @@ TEST_P(CheckpointerTest, ANewCheckpointerFindsTheStepsOfAnEarlierOneAndRetention
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
   EXPECT_EQ((*reader)->metadata().step, 3);
   EXPECT_EQ(second->open(1).status().code(), StatusCode::kNotFound);
+}
+
+// Issue 32 item 1: after save(5), save(7), save(6), the latest is 6, the step the last save
+// wrote, as the state file records it; a new checkpointer said 7 and restored 7. Every call
+// agrees now: all_steps() in save order, latest_step() its last, open() of the latest.
+TEST_P(CheckpointerTest, TheLatestIsTheLastSavedStepBeforeAndAfterAStartAndInANewCheckpointer) {
+  SaverOptions options = Options();
+  options.max_to_keep = 5;
+  {
+    auto first = Make(options);
+    ASSERT_NE(first, nullptr);
+    for (int64_t step : {5, 7, 6}) {
+      SetState(step);
+      ASSERT_TRUE(first->save(step, Registry()).ok());
+    }
+    ASSERT_TRUE(first->close().ok());
+    EXPECT_EQ(first->all_steps(), (std::vector<int64_t>{5, 7, 6}));
+    EXPECT_EQ(first->latest_step(), std::optional<int64_t>(6));
+  }
+  auto second = Checkpointer::Create(options, mode(), CheckpointerStart::kAtFirstSave);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_EQ((*second)->all_steps(), (std::vector<int64_t>{5, 7, 6})) << "before its start";
+  EXPECT_EQ((*second)->latest_step(), std::optional<int64_t>(6));
+  {
+    auto reader = (*second)->open(std::nullopt);
+    ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+    EXPECT_EQ((*reader)->metadata().step, 6);
+  }
+  SetState(8);
+  ASSERT_TRUE((*second)->save(8, Registry()).ok());
+  ASSERT_TRUE((*second)->wait_until_finished().ok());
+  EXPECT_EQ((*second)->all_steps(), (std::vector<int64_t>{5, 7, 6, 8}));
+}
+
+// Item 2 of issue 31: a checkpoint a restore finds damaged is quarantined, and the newest good
+// one becomes the latest, before and after the start.
+TEST_P(CheckpointerTest, AQuarantinedCheckpointLeavesTheListAndTheOneBeforeIsTheLatest) {
+  SaverOptions options = Options();
+  {
+    auto first = Make(options);
+    ASSERT_NE(first, nullptr);
+    for (int64_t step : {1, 2, 3}) {
+      SetState(step);
+      ASSERT_TRUE(first->save(step, Registry()).ok());
+    }
+    ASSERT_TRUE(first->wait_until_finished().ok());
+    ASSERT_TRUE(first->quarantine(3, "a chunk fails its checksum").ok());
+    EXPECT_EQ(first->latest_step(), std::optional<int64_t>(2));
+    ASSERT_TRUE(first->close().ok());
+  }
+  auto second = Checkpointer::Create(options, mode(), CheckpointerStart::kAtFirstSave);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  ASSERT_TRUE((*second)->quarantine(2, "a chunk fails its checksum").ok()) << "before the start";
+  EXPECT_EQ((*second)->all_steps(), (std::vector<int64_t>{1}));
+  size_t quarantined = 0;
+  for (const auto& entry : fs::directory_iterator(dir_)) {
+    quarantined += entry.path().filename().string().find(".corrupt-") != std::string::npos;
+  }
+  EXPECT_EQ(quarantined, 2u);
+}
+
+// D4 of issue 31: a deferred start found another state file's basename only at the first save,
+// after the training. The refusal comes at Create, read-only.
+TEST_P(CheckpointerTest, ABasenameAnotherStateFileListsIsRefusedAtCreate) {
+  SaverOptions options = Options();
+  options.basename = "input.ckpt";
+  CheckpointState state;
+  state.all_model_checkpoint_paths = {"input.ckpt-3"};
+  state.model_checkpoint_path = "input.ckpt-3";
+  auto posix = io::NewPosixFileSystem();
+  ASSERT_TRUE(WriteCheckpointState(*posix, dir_, state, "checkpoint_input").ok());
+  auto made = Checkpointer::Create(options, mode(), CheckpointerStart::kAtFirstSave);
+  EXPECT_EQ(made.status().code(), StatusCode::kFailedPrecondition) << made.status().ToString();
+  EXPECT_NE(made.status().message().find(dir_ + "/checkpoint_input"), std::string::npos);
+  options.basename = "";
+  made = Checkpointer::Create(options, mode(), CheckpointerStart::kAtFirstSave);
+  EXPECT_EQ(made.status().code(), StatusCode::kInvalidArgument) << "D10: an empty basename";
 }
 
 TEST_P(CheckpointerTest, AnOpenReaderKeepsItsCheckpointFromRetentionUntilItIsDestroyed) {

@@ -83,24 +83,159 @@ class SaverStorageTest : public testing_support::CheckpointDirTest {
 // ---- the validator at start-up
 // --------------------------------------------------------------------
 
-TEST_F(SaverStorageTest, IndexOfAnotherFormatVersionIsNeverTakenForDebris) {
+// The entries of the directory, names only, recursively: what a refused start must not change.
+// Lock files are left out: asking for a lock creates one, which stays empty once released and
+// holds nothing of a checkpoint.
+std::set<std::string> Tree(const std::string& dir) {
+  std::set<std::string> names;
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.path().extension() == ".lock") continue;
+    names.insert(fs::relative(entry.path(), dir).string());
+  }
+  return names;
+}
+
+// Rewrites the index of checkpoint `path` with `flags` in its header, the checksum made right:
+// what a newer release that adds a flag within format version 1 writes.
+void SetIndexFlags(const std::string& path, uint32_t flags) {
+  std::vector<uint8_t> index = ReadFileBytes(path + "/index");
+  ASSERT_GT(index.size(), 40u);
+  std::memcpy(index.data() + 12, &flags, sizeof(flags));
+  const size_t checksum_at = index.size() - 16;
+  const uint64_t checksum = codec::Checksum({index.data(), checksum_at});
+  std::memcpy(index.data() + checksum_at, &checksum, sizeof(checksum));
+  WriteFile(path + "/index", index);
+}
+
+// D1 of issue 31: an intact index with a flag this build does not know was taken for damage,
+// quarantined, and the job retrained from the step before. A newer release's checkpoint is not
+// damage: start-up refuses to run, naming it and what wrote it, and changes nothing.
+TEST_F(SaverStorageTest, ANewerReleasesCheckpointRefusesTheStartAndChangesNothing) {
+  WriteCheckpoint(5);
+  WriteCheckpoint(6);
+  WriteState({5, 6});
+  SetIndexFlags(Path(Name(6)), 4);  // the latest, by a newer release
+  WriteCheckpoint(2);
+  fs::resize_file(Path(Name(2) + "/index"), 20);                  // damage, unlisted
+  fs::create_directory(Path(Name(7) + ".tmp-0123456789abcdef"));  // a save in progress
+  const std::set<std::string> before = Tree(dir_);
+  const std::string state_before = testing_support::ReadFile(Path("checkpoint"));
+
+  SaverStorage storage;
+  const Status started = storage.Start(Options(2)).status();
+  EXPECT_EQ(started.code(), StatusCode::kFailedPrecondition) << started.ToString();
+  EXPECT_THAT(started.message(), HasSubstr(Path(Name(6))));
+  EXPECT_THAT(started.message(), HasSubstr("newer release of asyncckpt"));
+  EXPECT_THAT(started.message(), HasSubstr("flags 0x4"));
+  EXPECT_EQ(Tree(dir_), before) << "nothing renamed, removed or quarantined";
+  EXPECT_EQ(testing_support::ReadFile(Path("checkpoint")), state_before);
+  EXPECT_EQ(storage.lock, nullptr) << "a refused start keeps no lock";
+
+  // Another format version is refused the same way, listed or not.
+  SetIndexFlags(Path(Name(6)), 0);
   WriteCheckpoint(1);
   std::vector<uint8_t> index = ReadFileBytes(Path(Name(1) + "/index"));
-  ASSERT_GT(index.size(), 40u);
   index[8] = 2;  // version 2, checksum made right again
   const size_t checksum_at = index.size() - 16;
   const uint64_t checksum = codec::Checksum({index.data(), checksum_at});
   std::memcpy(index.data() + checksum_at, &checksum, sizeof(checksum));
   WriteFile(Path(Name(1) + "/index"), index);
-  const Status status = ValidateCheckpointDirectory(*posix_, Path(Name(1))).status();
-  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.ToString();
+  const Status again = storage.Start(Options(2)).status();
+  EXPECT_EQ(again.code(), StatusCode::kFailedPrecondition) << again.ToString();
+  EXPECT_THAT(again.message(), HasSubstr(Path(Name(1)) + " (index"));
+  EXPECT_THAT(again.message(), HasSubstr("format version 2"));
+  EXPECT_TRUE(fs::exists(Path(Name(1) + "/index")));
+}
 
-  WriteCheckpoint(5);
-  WriteCheckpoint(6);
-  WriteState({5, 6});
+// D4 of issue 31: a manager of basename "input.ckpt" over train-sim's directory adopted the
+// input checkpoints checkpoint_input lists, and its retention deleted them. A state file claims
+// the basenames it lists: another saver of that basename is refused, naming both.
+TEST_F(SaverStorageTest, ABasenameAnotherStateFileListsIsRefusedAndNothingIsTaken) {
+  for (int step = 1; step <= 4; ++step) WriteCheckpoint(step, step, kInput);
+  WriteState({1, 2, 3, 4}, kInput, InputStateFileForBasename(kInput));
+  const std::set<std::string> before = Tree(dir_);
+  SaverOptions options = Options(1);
+  options.basename = kInput;  // with the model's state file, "checkpoint"
   SaverStorage storage;
-  ASSERT_TRUE(storage.Start(Options(2)).ok());
-  EXPECT_TRUE(fs::exists(Path(Name(1) + "/index"))) << "older, unlisted, but not provably debris";
+  const Status started = storage.Start(options).status();
+  EXPECT_EQ(started.code(), StatusCode::kFailedPrecondition) << started.ToString();
+  EXPECT_THAT(started.message(), HasSubstr(Path("checkpoint")));
+  EXPECT_THAT(started.message(), HasSubstr(Path("checkpoint_input")));
+  EXPECT_THAT(started.message(), HasSubstr(Name(kInput, 4)));
+  EXPECT_EQ(Tree(dir_), before);
+  // The state file that lists them is theirs: its own saver starts.
+  SaverStorage owner;
+  ASSERT_TRUE(
+      owner.Start(Options(5), InputStateFileForBasename(kInput), {kModel, kCheckpointStateFileName})
+          .ok());
+}
+
+// D7 of issue 31: a job refused by the input pipeline's lock had already run the model side's
+// start-up (a temporary removed, a damaged checkpoint quarantined). Every lock comes first.
+TEST_F(SaverStorageTest, AJobRefusedByItsInputLockChangesNothing) {
+  WriteCheckpoint(3);
+  WriteState({3});
+  WriteCheckpoint(4);
+  fs::resize_file(Path(Name(4) + "/index"), 20);                  // damaged
+  fs::create_directory(Path(Name(5) + ".tmp-0123456789abcdef"));  // debris
+  std::unique_ptr<io::FileLock> other_job;
+  ASSERT_TRUE(posix_->lock_file(Path("checkpoint_input.lock"), &other_job).ok());
+  const std::set<std::string> before = Tree(dir_);
+  SaverOptions options = Options(2);
+  options.paired_input_basename = kInput;
+  SaverStorage model;
+  const Status started = model.Start(options).status();
+  EXPECT_EQ(started.code(), StatusCode::kFailedPrecondition) << started.ToString();
+  EXPECT_THAT(started.message(), HasSubstr("checkpoint_input.lock"));
+  EXPECT_EQ(Tree(dir_), before);
+  EXPECT_EQ(model.lock, nullptr);
+
+  // Once free, the model's start takes the input's lock too and hands it to the input's saver
+  // of this process.
+  other_job.reset();
+  ASSERT_TRUE(model.Start(options).ok());
+  EXPECT_EQ(Quarantined(), std::set<std::string>{Name(4)});
+  std::unique_ptr<io::FileLock> probe;
+  EXPECT_FALSE(posix_->lock_file(Path("checkpoint_input.lock"), &probe).ok())
+      << "held for the input pipeline's saver";
+  SaverOptions input_options = Options(2);
+  input_options.basename = kInput;
+  SaverStorage input;
+  ASSERT_TRUE(input
+                  .Start(input_options, InputStateFileForBasename(kInput),
+                         {kModel, kCheckpointStateFileName})
+                  .ok());
+  input.ReleaseLock();
+  EXPECT_TRUE(posix_->lock_file(Path("checkpoint_input.lock"), &probe).ok());
+}
+
+// Item 2 of issue 31: a checkpoint a restore found damaged is quarantined as start-up does:
+// through the manager of the saver that holds the directory, under the lock taken for the
+// moment when none does, and not at all while another job holds it.
+TEST_F(SaverStorageTest, DamageFoundAtRestoreIsQuarantinedByWhoeverHoldsTheDirectory) {
+  for (int step = 1; step <= 3; ++step) WriteCheckpoint(step, step);
+  WriteState({1, 2, 3});
+  {
+    SaverStorage storage;
+    ASSERT_TRUE(storage.Start(Options(5)).ok());
+    Result<std::string> moved =
+        QuarantineFoundDamage(*posix_, dir_, kCheckpointStateFileName, Name(3), "bad chunk");
+    ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+    EXPECT_THAT(storage.manager->retained(), ElementsAre(Name(1), Name(2)));
+    EXPECT_EQ(GetCheckpointState(dir_)->model_checkpoint_path, Name(2));
+  }
+  // No saver holds it: the lock is taken for the moment.
+  ASSERT_TRUE(QuarantineFoundDamage(*posix_, dir_, kCheckpointStateFileName, Name(2), "bad").ok());
+  EXPECT_EQ(GetCheckpointState(dir_)->model_checkpoint_path, Name(1));
+  EXPECT_EQ(Quarantined(), (std::set<std::string>{Name(2), Name(3)}));
+  // Another job holds it: nothing changes.
+  std::unique_ptr<io::FileLock> other_job;
+  ASSERT_TRUE(posix_->lock_file(Path("checkpoint.lock"), &other_job).ok());
+  const Status refused =
+      QuarantineFoundDamage(*posix_, dir_, kCheckpointStateFileName, Name(1), "bad").status();
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
+  EXPECT_TRUE(fs::exists(Path(Name(1) + "/index")));
+  EXPECT_EQ(GetCheckpointState(dir_)->model_checkpoint_path, Name(1));
 }
 
 // ---- start-up -----------------------------------------------------------------------------------

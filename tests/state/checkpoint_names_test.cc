@@ -23,6 +23,21 @@ TEST(TempDirNameTest, AppendsSixteenRandomHexDigits) {
   EXPECT_NE(a, b);
 }
 
+TEST(QuoteForMessageTest, QuotesAndEscapesEveryByteThatIsNotPrintableAscii) {
+  EXPECT_EQ(QuoteForMessage(""), "''");
+  EXPECT_EQ(QuoteForMessage("/ckpt/model.ckpt-5"), "'/ckpt/model.ckpt-5'");
+  EXPECT_EQ(QuoteForMessage("a\x1b[31mb"), "'a\\x1b[31mb'");
+  EXPECT_EQ(QuoteForMessage("it's\\\n\xff"), "'it\\x27s\\x5c\\x0a\\xff'");
+  const std::string quoted = QuoteForMessage(std::string(1000, 'x'));
+  EXPECT_EQ(quoted, "'" + std::string(200, 'x') + "'... (1000 bytes)");
+}
+
+TEST(CheckpointNameTest, ABadNameIsNamedEscaped) {
+  const Status status = ValidateCheckpointName("a\x1b[2Jb");
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message().find('\x1b'), std::string::npos) << status.message();
+}
+
 TEST(CheckpointStepTest, AcceptsExactlyWhatCheckpointDirNameWrites) {
   EXPECT_EQ(CheckpointStep("model.ckpt-0", "model.ckpt"), 0);
   EXPECT_EQ(CheckpointStep("model.ckpt-1200", "model.ckpt"), 1200);

@@ -273,6 +273,39 @@ TEST_F(CheckpointStateTest, CrashAtAnyPointOfACommitNeverNamesADeletedCheckpoint
 
 // ---- pinning ------------------------------------------------------------------------------------
 
+// Item 2 of issue 31: a checkpoint that a restore finds damaged is quarantined as start-up
+// does: no longer listed (the state file rewritten first), renamed, never removed.
+TEST_F(CheckpointStateTest, QuarantineDropsTheCheckpointFromTheListAndRenamesIt) {
+  auto manager = NewManager(5);
+  for (int step = 1; step <= 3; ++step) Commit(*manager, step, step);
+  Result<std::string> moved = manager->Quarantine(Name(3), "chunk 0 fails its checksum");
+  ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  EXPECT_EQ(moved->rfind(Name(3) + ".corrupt-", 0), 0u) << *moved;
+  EXPECT_TRUE(fs::exists(Path(*moved) + "/index"));
+  EXPECT_FALSE(fs::exists(Path(Name(3))));
+  EXPECT_THAT(manager->retained(), ElementsAre(Name(1), Name(2)));
+  EXPECT_EQ(ReadState().model_checkpoint_path, Name(2));
+  EXPECT_EQ(manager->Quarantine("other-1", "x").status().code(), StatusCode::kInvalidArgument);
+  // The next save lists after the good ones; retention never touches the quarantined copy.
+  Commit(*manager, 4, 4);
+  EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre(Name(1), Name(2), Name(4)));
+  EXPECT_TRUE(fs::exists(Path(*moved)));
+}
+
+TEST_F(CheckpointStateTest, QuarantineWithoutAManagerRewritesTheStateFileItFinds) {
+  {
+    auto manager = NewManager(5);
+    for (int step = 1; step <= 2; ++step) Commit(*manager, step, step);
+  }
+  Result<std::string> moved =
+      QuarantineListedCheckpoint(*posix_, dir_, kCheckpointStateFileName, Name(2), "bad");
+  ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  EXPECT_THAT(ReadState().all_model_checkpoint_paths, ElementsAre(Name(1)));
+  EXPECT_THAT(ReadState().all_model_checkpoint_timestamps, ElementsAre(1.0));
+  EXPECT_EQ(ReadState().model_checkpoint_path, Name(1));
+  EXPECT_EQ(Quarantined(), std::vector<std::string>{Name(2)});
+}
+
 TEST_F(CheckpointStateTest, PinnedCheckpointIsDeletedOnlyWhenUnpinned) {
   auto manager = NewManager(1);
   Commit(*manager, 1, 1);

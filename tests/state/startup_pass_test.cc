@@ -438,5 +438,53 @@ TEST_F(StartupPassTest, OtherBasenamesEntriesOfASharedStateFileAreKept) {
   EXPECT_TRUE(fs::exists(Path("other.ckpt-7")));
 }
 
+// D8 of issue 31: quarantined checkpoints piled up, and later starts never mentioned them. Every
+// start names them in a warning, with their count and bytes (`asyncckpt gc` removes them).
+TEST_F(StartupPassTest, EveryStartWarnsOfTheQuarantinedCheckpointsWithTheirCountAndBytes) {
+  MakeCheckpointDir("model.ckpt-3.corrupt-0123456789abcdef", std::string(1000, 'x'));
+  MakeCheckpointDir("model.ckpt-4.corrupt-00000000000000ff", std::string(24, 'y'));
+  MakeCheckpointDir("other.ckpt-4.corrupt-00000000000000ff", "not ours");
+  for (int start = 0; start < 2; ++start) {
+    SCOPED_TRACE(start);
+    CapturedLog log;
+    Result<StartupReport> report = NewManager(3)->Start();
+    ASSERT_TRUE(report.ok()) << report.status().ToString();
+    EXPECT_EQ(report->quarantined_bytes, 1024u);
+    EXPECT_THAT(log.text(), HasSubstr("WARNING: 2 quarantined model.ckpt checkpoints in " + dir_ +
+                                      " hold 1024 bytes (1.0 KiB): "
+                                      "model.ckpt-3.corrupt-0123456789abcdef, "
+                                      "model.ckpt-4.corrupt-00000000000000ff"));
+    EXPECT_THAT(log.text(), HasSubstr("asyncckpt gc " + dir_ + " --remove-quarantined"));
+  }
+}
+
+// A newer release's checkpoint (the validator's FailedPrecondition) refuses the start before
+// anything changes: no leftover removed, no damaged checkpoint quarantined, no rewrite.
+TEST_F(StartupPassTest, ANewerReleasesCheckpointRefusesTheStartBeforeAnyChange) {
+  MakeCheckpointDir(Name(1), "complete 1");
+  MakeCheckpointDir(Name(2), "damaged");
+  MakeCheckpointDir(Name(3), "newer");
+  MakeCheckpointDir(Name(4) + ".tmp-0123456789abcdef");
+  WriteText("checkpoint", "model_checkpoint_path: \"" + Name(3) + "\"\n");
+  const std::set<std::string> before = Entries();
+  CheckpointValidator validator = [inner = ContentValidator()](const std::string& path) {
+    std::ifstream in(path + "/index");
+    std::string word;
+    in >> word;
+    if (word == "newer") return Result<ValidCheckpoint>(Status::FailedPrecondition("flags 0x4"));
+    return inner(path);
+  };
+  CheckpointManagerOptions options;
+  options.checkpoint_dir = dir_;
+  options.basename = kBasename;
+  options.validator = validator;
+  CheckpointManager manager(faulty_.get(), options, [] { return 0.0; });
+  const Status started = manager.Start().status();
+  EXPECT_EQ(started.code(), StatusCode::kFailedPrecondition) << started.ToString();
+  EXPECT_THAT(started.message(), HasSubstr(Path(Name(3)) + " (flags 0x4)"));
+  EXPECT_EQ(Entries(), before);
+  EXPECT_EQ(faulty_->count("rename") + faulty_->count("remove_tree"), 0);
+}
+
 }  // namespace
 }  // namespace asyncckpt

@@ -150,6 +150,25 @@ TEST(CheckpointStateTextTest, RejectsEachMalformedFormWithFileAndLine) {
   }
 }
 
+// D9 of issue 31: a state file's bytes, terminal escape codes included, were echoed raw into
+// the error. They are quoted with every byte that is not printable ASCII escaped.
+TEST(CheckpointStateTextTest, BytesOfABrokenStateFileReachTheMessageEscaped) {
+  for (const std::string& text :
+       {std::string("model_checkpoint_path: \x1b[2J\x1b[31mred\n"),
+        std::string("\x1b]0;title\x07: 1\n"), std::string("model_checkpoint_path: \"a\x1b[31m\"\n"),
+        std::string("model_checkpoint_path: \"a\"\nall_model_checkpoint_timestamps: \x9b"
+                    "1\n")}) {
+    SCOPED_TRACE(text);
+    Result<CheckpointState> parsed = ParseCheckpointState(text, "/ckpt/checkpoint");
+    ASSERT_EQ(parsed.status().code(), StatusCode::kCorruption);
+    const std::string message = parsed.status().message();
+    EXPECT_EQ(message.find('\x1b'), std::string::npos) << message;
+    EXPECT_EQ(message.find('\x07'), std::string::npos) << message;
+    EXPECT_EQ(message.find('\x9b'), std::string::npos) << message;
+    EXPECT_THAT(message, ::testing::AnyOf(HasSubstr("\\x1b"), HasSubstr("\\x9b")));
+  }
+}
+
 TEST(CheckpointStateTextTest, ValidateRejectsWhatCannotBeReadBack) {
   CheckpointState state = ExampleState();
   state.model_checkpoint_path = "model.ckpt-1000";
@@ -318,7 +337,7 @@ TEST_F(StateFileTest, LatestCheckpointIsTheModelPathInTheDirectory) {
 TEST_F(StateFileTest, LatestCheckpointNotFoundCases) {
   Result<std::string> missing_dir = LatestCheckpoint(dir_ + "/nope");
   EXPECT_EQ(missing_dir.status().code(), StatusCode::kNotFound);
-  EXPECT_THAT(missing_dir.status().message(), HasSubstr(dir_ + "/nope does not exist"));
+  EXPECT_THAT(missing_dir.status().message(), HasSubstr("'" + dir_ + "/nope' does not exist"));
 
   EXPECT_EQ(LatestCheckpoint(dir_).status().code(), StatusCode::kNotFound);
 
