@@ -358,6 +358,7 @@ Status TrainLoop(const TrainSimConfig& config, Coordinator* coordinator, bool le
     status = session.run([&](StepContext& ctx) {
       return TrainStep(ctx, config, coordinator, run, batch, preempted);
     });
+    if (status.ok()) status = run.recorder.gone_rank();
     if (!status.ok()) break;
     const double ms =
         std::chrono::duration<double, std::milli>(SteadyClock::now() - step_start).count();

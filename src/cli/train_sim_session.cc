@@ -26,8 +26,21 @@ bool SaveRecorder::after_save(int64_t step, const SaveStats& stats) {
   if (!stats.status.ok()) {
     std::fprintf(stderr, "\nasyncckpt: save of step %" PRId64 " failed: %s\n", step,
                  stats.status.ToString().c_str());
+    // A rank that timed out once is never waited for again (src/state/sharded_commit.cc).
+    if (gone_.ok() && stats.failed_rank >= 0 &&
+        stats.status.message().find(" is known to be gone") != std::string::npos) {
+      gone_ = Status::Aborted("rank " + std::to_string(stats.failed_rank) +
+                              " stopped answering the job's saves and cannot rejoin; every later "
+                              "save would fail, so the job ends (save of step " +
+                              std::to_string(step) + ": " + stats.status.message() + ")");
+    }
   }
   return false;
+}
+
+Status SaveRecorder::gone_rank() const {
+  std::lock_guard lock(mutex_);
+  return gone_;
 }
 
 bool SaveRecorder::saved_at(int64_t step) const {

@@ -34,10 +34,15 @@ class SaveRecorder final : public CheckpointSaverListener {
   bool after_save(int64_t step, const SaveStats& stats) override;
   /// True when a save began at `step`.
   bool saved_at(int64_t step) const;
+  /// Aborted, naming the rank, once a save failed because a rank of the job is known to be
+  /// gone: no later save can commit without it, so the job must end rather than run on with
+  /// every save failing (on_error continue) and exit 0. OK until then.
+  Status gone_rank() const;
 
  private:
   mutable std::mutex mutex_;
   std::set<int64_t> save_steps_;
+  Status gone_;
 };
 
 /// The hook of --saver, reporting to `recorder`; null for --saver none. `totals` is set to read

@@ -345,6 +345,37 @@ INSTANTIATE_TEST_SUITE_P(Victims, TrainSimMpiDeadRankTest, ::testing::Values(2, 
                            return "Rank" + std::to_string(info.param);
                          });
 
+TEST_F(TrainSimMpiTest, ARankStoppedPastTheTimeoutEndsTheJobNonZeroNamingIt) {
+  // --on_error continue: before, every later save failed and the job still exited 0.
+  constexpr int kTimeout = 2;
+  std::vector<std::string> args =
+      With(With(With(Flags(dir_, 400), "--dataset_records=20000"), "--on_error=continue"),
+           "--coordination_timeout_secs=" + std::to_string(kTimeout));
+  args.push_back("--step_ms=10");
+  args.push_back("--shard");
+  CliProcess job(Mpirun(4), args, Path("stopped.out"), Path("stopped.err"));
+  ASSERT_TRUE(job.started());
+  const auto deadline = std::chrono::steady_clock::now() + kJobTimeout;
+  while (job.Running() && !fs::exists(dir_ + "/model.ckpt-10") &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  auto pid = RankPid(job.err(), 2);
+  ASSERT_TRUE(pid.has_value()) << job.err();
+  ASSERT_EQ(::kill(*pid, SIGSTOP), 0);
+  // Stopped until the job ends or gives up on it (past the timeout by construction), then
+  // continued, as a paused VM or a debugger would.
+  const std::optional<int> code = job.WaitFor(std::chrono::seconds(60));
+  ::kill(*pid, SIGCONT);
+  const std::optional<int> after = code ? code : job.WaitFor(std::chrono::seconds(60));
+  ASSERT_TRUE(after.has_value()) << job.err();
+  std::printf("rank 2 SIGSTOPped: the job exited %d\n", *after);
+  EXPECT_NE(*after, 0) << job.err();
+  EXPECT_NE(job.err().find("rank 2 stopped answering the job's saves and cannot rejoin"),
+            std::string::npos)
+      << job.err();
+}
+
 TEST_F(TrainSimMpiTest, SavedOnFourRanksRestoresOnOneToFourRanksBitForBit) {
   // 4 KiB chunks: a rank's boundary chunks, read for a neighbour's rows too, stay small.
   const std::vector<std::string> flags = Flags(dir_, 20, "4KiB");
