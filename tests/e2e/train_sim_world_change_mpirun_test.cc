@@ -68,9 +68,14 @@ TEST_P(TrainSimWorldChangeTest, AKillAtEveryStepOfTheChangeLeavesAResumePointFor
     fs::copy(dir_, copy, fs::copy_options::recursive);
     JobResult resumed = RunOn(ranks, ChangeFlags(copy, 20), "resumed" + std::to_string(ranks));
     ASSERT_EQ(resumed.exit_code, 0) << ranks << " ranks\n" << resumed.err;
-    EXPECT_EQ(resumed.metrics.value("start_step", int64_t{-1}), change.resumes_at)
-        << ranks << " ranks\n"
-        << resumed.err;
+    // Killed once the new set was whole, the job may have gone on past it before retention
+    // reached the old one (retention keeps the newest pairs both sides list).
+    const int64_t start = resumed.metrics.value("start_step", int64_t{-1});
+    if (change.resumes_at > 10) {
+      EXPECT_GE(start, change.resumes_at) << ranks << " ranks\n" << resumed.err;
+    } else {
+      EXPECT_EQ(start, change.resumes_at) << ranks << " ranks\n" << resumed.err;
+    }
     EXPECT_EQ(Digest(resumed), Digest(reference)) << ranks << " ranks\n" << resumed.err;
   }
 }
