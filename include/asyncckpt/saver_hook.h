@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -29,6 +30,12 @@ class CheckpointSaverHook : public SessionRunHook {
   Status after_create_session(int64_t global_step) override;
   Status after_run(RunContext& context, const RunValues& values) override;
   Status end(int64_t global_step) override;
+
+  /// Asked by after_create_session(step) before its save: true keeps the committed checkpoint
+  /// of `step` as it is and counts the step as saved. Unset: every start saves (TensorFlow's
+  /// rule). For a session restored from that checkpoint onto another number of processes, whose
+  /// re-save would replace the set of checkpoints a restore needs (docs/distributed.md).
+  void set_keep_start_checkpoint(std::function<bool(int64_t)> keep);
 
   /// Totals so far.
   SaverTotals totals() const;
@@ -68,6 +75,8 @@ class AsyncCheckpointSaverHook : public SessionRunHook {
   /// Blocks until every save submitted so far is committed or failed; the first failure so far
   /// (end() reports it too).
   Status wait_until_saved();
+  /// As CheckpointSaverHook::set_keep_start_checkpoint.
+  void set_keep_start_checkpoint(std::function<bool(int64_t)> keep);
   /// Totals so far (thread-safe).
   SaverTotals totals() const;
 

@@ -12,6 +12,7 @@
 #include "asyncckpt/state.h"
 #include "src/cli/shard_resume.h"
 #include "src/format/format.h"
+#include "src/util/log.h"
 #include "src/util/status_macros.h"
 
 #if ASYNCCKPT_CLI_MPI
@@ -273,6 +274,7 @@ Status ShardedSessionCreator::Restore(int64_t step) {
   restore_bytes_read_ = reader->read_stats().bytes_read;
   restore_seconds_ = Seconds(std::chrono::steady_clock::now() - start);
   restored_from_ = path;
+  restored_step_ = step;
   return Status::OK();
 }
 
@@ -314,6 +316,14 @@ Result<ShardedSessionCreator::Decision> ShardedSessionCreator::Decide() {
       }
     }
     const bool none = point.ok() && !point->has_value() && any_found;
+    if (point.ok() && point->has_value()) {
+      // Said once, by the rank that looked: a resume that passes over newer checkpoints.
+      for (const std::string& why : SkippedNewerCheckpoints(
+               options_.checkpoint_dir, options_.model_basename, (*point)->step)) {
+        LogWarning("resuming at step " + std::to_string((*point)->step) +
+                   ", not at a newer step: " + why);
+      }
+    }
     bytes = EncodeDecision(
         point, any_found,
         none ? WhyNoResumePoint(options_.checkpoint_dir, options_.model_basename) : "");
@@ -335,9 +345,38 @@ Result<ShardedSessionCreator::Decision> ShardedSessionCreator::Decide() {
   return decision;
 }
 
+Status ShardedSessionCreator::SetAsideForFreshStart() {
+  std::string outcome;
+  if (coordinator_->rank() == 0) {
+    std::unique_ptr<io::FileSystem> own;
+    io::FileSystem* fs = options_.file_system;
+    if (fs == nullptr) {
+      own = io::NewPosixFileSystem();
+      fs = own.get();
+    }
+    auto moved = SetAsideCheckpoints(*fs, options_.checkpoint_dir, options_.model_basename);
+    if (!moved.ok()) {
+      outcome = "rank 0 could not move the checkpoints aside for a fresh start: " +
+                moved.status().ToString();
+    } else if (!moved->names.empty()) {
+      std::string names;
+      for (const std::string& name : moved->names) names += (names.empty() ? "" : ", ") + name;
+      LogWarning("starting from step 0 as allowed (--allow_fresh_start): moved " + names +
+                 " into " + options_.checkpoint_dir + "/" + moved->subdir +
+                 ", whole; nothing was deleted");
+    }
+  }
+  // Every rank waits here: none may save into the directory while rank 0 moves checkpoints.
+  std::vector<uint8_t> bytes(outcome.begin(), outcome.end());
+  RETURN_IF_ERROR(coordinator_->broadcast(bytes, 0));
+  if (bytes.empty()) return Status::OK();
+  return Status::Unavailable(std::string(bytes.begin(), bytes.end()));
+}
+
 Result<int64_t> ShardedSessionCreator::create_session() {
   const bool first = sessions_++ == 0;
   restored_from_.clear();
+  restored_step_ = -1;
   input_source_.clear();
   restore_bytes_read_ = 0;
   restore_seconds_ = 0;
@@ -350,8 +389,12 @@ Result<int64_t> ShardedSessionCreator::create_session() {
     saved_world_size_ = point.saved_world_size;
     if (with_input) input_source_ = InputSourceBasename(point.saved_world_size, rank);
     if (rank == 0) {
-      for (const std::string& line : DescribeWorldSizeChange(point, size, with_input)) {
-        std::fprintf(stderr, "train-sim: %s\n", line.c_str());
+      for (const ChangeLine& line : DescribeWorldSizeChange(point, size, with_input)) {
+        if (line.warning) {
+          LogWarning(line.text);
+        } else {
+          std::fprintf(stderr, "train-sim: %s\n", line.text.c_str());
+        }
       }
     }
     // A failed restore fails every rank: the job cannot go on with some ranks restored.
@@ -369,13 +412,18 @@ Result<int64_t> ShardedSessionCreator::create_session() {
   }
   // Nothing to resume. A fresh start is fine when nothing past step 0 exists, when allowed, or
   // when every session so far started afresh (what exists is this job's own).
-  if (decision.any_found && !options_.allow_fresh_start && (first || restores_ > 0)) {
-    return Status::FailedPrecondition(
-        options_.checkpoint_dir + " holds checkpoints past step 0 but no step whose model " +
-        "checkpoint and the input checkpoints of every rank of the job that saved it are all " +
-        "committed: " + decision.why_none +
-        "; starting from step 0 would train over them. Restore without training (--saver none) " +
-        "works on any number of ranks; or allow a fresh start (--allow_fresh_start)");
+  if (decision.any_found && (first || restores_ > 0)) {
+    if (!options_.allow_fresh_start) {
+      return Status::FailedPrecondition(
+          options_.checkpoint_dir + " holds checkpoints past step 0 but no step whose model " +
+          "checkpoint and the input checkpoints of every rank of the job that saved it are all " +
+          "committed: " + decision.why_none +
+          "; starting from step 0 would train over them. Restore without training (--saver " +
+          "none) works on any number of ranks; or start from step 0 with --allow_fresh_start, " +
+          "which first moves every model and input checkpoint there, whole, into a new " +
+          "set-aside-<hex> subdirectory: it deletes none");
+    }
+    RETURN_IF_ERROR(SetAsideForFreshStart());
   }
   if (options_.init_fn) {
     RETURN_IF_ERROR(options_.init_fn().WithContext("initialising the state (init_fn)"));

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "asyncckpt/coordinator.h"
+#include "asyncckpt/file_system.h"
 #include "asyncckpt/session.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/tensor.h"
@@ -69,8 +70,12 @@ struct ShardedSessionCreatorOptions {
   /// model, so that a step is complete only when the input checkpoints of every rank of the job
   /// that saved it are committed too. Empty: the model alone.
   std::string input_basename;
-  /// As CheckpointSessionCreatorOptions::allow_fresh_start.
+  /// With checkpoints past step 0 but no step to resume: start from step 0 anyway, after rank 0
+  /// moved every model and input checkpoint into a new subdirectory (SetAsideCheckpoints), so
+  /// that none is trained over or deleted. Off: such a start fails, saying what it would move.
   bool allow_fresh_start = false;
+  /// Where rank 0 reads and moves checkpoints (borrowed); null: the POSIX file system.
+  io::FileSystem* file_system = nullptr;
   /// Puts the registry back to the initial state when there is nothing to restore.
   std::function<Status()> init_fn;
 };
@@ -98,6 +103,13 @@ class ShardedSessionCreator final : public SessionCreator {
   const std::string& input_source() const { return input_source_; }
   /// Ranks of the job that saved the step restored last; 0 when it started afresh.
   uint32_t saved_world_size() const { return saved_world_size_; }
+  /// True when the last create_session() restored `step` from a checkpoint another number of
+  /// ranks saved: the savers keep it as it is (set_keep_start_checkpoint), since re-saved by
+  /// this job it would no longer pair with the input checkpoints of the ranks that saved it.
+  bool keeps_restored_checkpoint(int64_t step) const {
+    return !restored_from_.empty() && restored_step_ == step && saved_world_size_ != 0 &&
+           saved_world_size_ != static_cast<uint32_t>(coordinator_->size());
+  }
   /// The model checkpoint the last create_session() restored; empty when it started afresh.
   const std::string& restored_from() const { return restored_from_; }
   /// Bytes this rank read from data files in the last restore (0 when it started afresh).
@@ -117,6 +129,8 @@ class ShardedSessionCreator final : public SessionCreator {
   };
   Result<Decision> Decide();
   Status Restore(int64_t step);
+  // Rank 0 moves the checkpoints a fresh start would train over aside; collective.
+  Status SetAsideForFreshStart();
 
   ShardedSessionCreatorOptions options_;
   Coordinator* coordinator_;
@@ -124,6 +138,7 @@ class ShardedSessionCreator final : public SessionCreator {
   int sessions_ = 0;  // create_session() calls so far
   int restores_ = 0;  // of which restored a checkpoint
   std::string restored_from_;
+  int64_t restored_step_ = -1;
   std::string input_source_;
   uint32_t saved_world_size_ = 0;
   uint64_t restore_bytes_read_ = 0;

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "asyncckpt/file_system.h"
 #include "asyncckpt/status.h"
 
 namespace asyncckpt::cli {
@@ -35,9 +36,19 @@ Result<std::optional<ResumePoint>> NewestResumePoint(const std::string& dir,
                                                      const std::string& model_basename,
                                                      bool with_input);
 
-/// Why the newest committed model checkpoint in `dir` is not a resume point: the input
-/// checkpoints of its ranks it lacks, named. Empty when there is no model checkpoint.
+/// Why the model checkpoint of `step` in `dir` is not a resume point: "<name>, saved by W
+/// rank(s), has no committed <the input checkpoints of its ranks it lacks>".
+std::string WhyNotResumable(const std::string& dir, const std::string& model_basename,
+                            int64_t step);
+
+/// "the newest, " + WhyNotResumable of the newest committed model checkpoint in `dir`. Empty
+/// when there is no model checkpoint.
 std::string WhyNoResumePoint(const std::string& dir, const std::string& model_basename);
+
+/// WhyNotResumable of every committed model checkpoint in `dir` newer than `step`, oldest
+/// first: what a resume at `step` skips.
+std::vector<std::string> SkippedNewerCheckpoints(const std::string& dir,
+                                                 const std::string& model_basename, int64_t step);
 
 /// The world size of the newest committed model checkpoint in `dir`; 0 when there is none.
 Result<uint32_t> NewestModelWorldSize(const std::string& dir, const std::string& model_basename);
@@ -51,18 +62,47 @@ Status CheckSameSeed(const std::string& dir, const std::string& model_basename, 
 /// `saved_world_size` ranks: rank `rank % saved_world_size`'s (its own when that is itself).
 std::string InputSourceBasename(uint32_t saved_world_size, uint32_t rank);
 
+/// One line of DescribeWorldSizeChange.
+struct ChangeLine {
+  /// True for what is lost (a warning), false for what is done.
+  bool warning = false;
+  /// The line, without a level.
+  std::string text;
+};
+
 /// The lines a job of `world_size` ranks prints when it resumes a step saved by another number
 /// of ranks: what each rank restores and what becomes of the gone ranks' input state. Empty
 /// when the sizes agree.
-std::vector<std::string> DescribeWorldSizeChange(const ResumePoint& point, uint32_t world_size,
-                                                 bool with_input);
+std::vector<ChangeLine> DescribeWorldSizeChange(const ResumePoint& point, uint32_t world_size,
+                                                bool with_input);
 
 /// Removes the input checkpoints in `dir` of workers a job of `world_size` ranks does not have
 /// (input_worker_<r>.ckpt with r >= world_size, or all of them for one rank; input.ckpt for
 /// several) whose step has no committed model checkpoint saved by a job that had that worker,
-/// and rewrites (or removes, when empty) their state files. Returns the names removed.
-Result<std::vector<std::string>> RemoveOrphanedInputCheckpoints(const std::string& dir,
+/// each renamed out of the committed namespace first (RemoveDirectoryDurably), and rewrites
+/// (or removes, when empty) their state files. Also removes what those workers left behind:
+/// their temporaries and ".deleting-" directories, their state files' temporaries, and their
+/// state files' locks once nobody holds them and no kept checkpoint of theirs remains. Every
+/// operation goes through `fs`. Returns the names removed.
+Result<std::vector<std::string>> RemoveOrphanedInputCheckpoints(io::FileSystem& fs,
+                                                                const std::string& dir,
                                                                 const std::string& model_basename,
                                                                 uint32_t world_size);
+
+/// What SetAsideCheckpoints moved.
+struct SetAside {
+  /// The new directory under the checkpoint directory, "set-aside-<16 hex digits>".
+  std::string subdir;
+  /// The checkpoint directories moved there, in name order.
+  std::vector<std::string> names;
+};
+
+/// Moves every checkpoint directory of `model_basename` and of the input pipeline (input.ckpt,
+/// input_worker_<k>.ckpt) in `dir` into a new subdirectory, whole and untouched, so that a
+/// fresh start neither trains over nor deletes them (their state files stay: a start drops the
+/// names they list that are gone). Both directories are synced. Nothing is moved, and no
+/// subdirectory made, when there is none.
+Result<SetAside> SetAsideCheckpoints(io::FileSystem& fs, const std::string& dir,
+                                     const std::string& model_basename);
 
 }  // namespace asyncckpt::cli

@@ -31,6 +31,7 @@
 #include "asyncckpt/state.h"
 #include "src/cli/commands.h"
 #include "src/cli/flags.h"
+#include "src/cli/kill_point.h"
 #include "src/cli/memcpy_yardstick.h"
 #include "src/cli/shard_job.h"
 #include "src/cli/shard_resume.h"
@@ -40,6 +41,7 @@
 #include "src/cli/train_sim_memory.h"
 #include "src/cli/train_sim_report.h"
 #include "src/cli/train_sim_session.h"
+#include "src/util/log.h"
 #include "src/util/status_macros.h"
 
 namespace asyncckpt::cli {
@@ -103,6 +105,9 @@ uint64_t PeakRssBytes() {
 // What one run holds, declared in the order it is built, so that it is destroyed in reverse:
 // the session first, then the creators and hooks, the input, and the model last.
 struct RunParts {
+  // --kill_at: the savers' file system, which kills this rank at its point, and its target.
+  std::unique_ptr<io::FileSystem> own_fs;
+  std::unique_ptr<io::FileSystem> kill_fs;
   std::unique_ptr<TrainModel> model;
   GpuModel* gpu = nullptr;  // --device cuda: the model, borrowed
   std::unique_ptr<RecordDatasetIterator> input;
@@ -112,6 +117,7 @@ struct RunParts {
   std::function<SaverTotals()> totals;
   std::unique_ptr<SessionRunHook> hook;  // null for --saver none
   std::unique_ptr<CheckpointInputPipelineHook> input_hook;
+  std::unique_ptr<SessionRunHook> input_first;  // the input's commit before the model's
   std::unique_ptr<MemcpyYardstickHook> yardstick;
   std::unique_ptr<Coordinator> own_coordinator;  // one process over a sharded job's directory
   std::unique_ptr<CheckpointSessionCreator> single_creator;  // a job of one process
@@ -120,7 +126,8 @@ struct RunParts {
   std::unique_ptr<MonitoredSession> session;
 };
 
-// The start-up lines on stderr: where the checkpoints go, and what the job holds.
+// The start-up lines on stderr: where the checkpoints go, and what the job holds (the global
+// state; with --shard also each rank's share).
 void AnnounceRun(const TrainSimConfig& config, const TensorRegistry& registry,
                  Coordinator* coordinator, bool lead) {
   if (coordinator != nullptr) {
@@ -128,10 +135,13 @@ void AnnounceRun(const TrainSimConfig& config, const TensorRegistry& registry,
                  coordinator->rank(), coordinator->size(), static_cast<int>(getpid()),
                  FormatBytes(double(registry.total_bytes())).c_str());
   }
+  SimConfig whole = config.model;
+  whole.shard = false;
+  const uint64_t global_bytes = LayoutOf(whole, config.saver.chunk_bytes).state();
   if (lead)
     std::fprintf(
         stderr, "train-sim: %zu tensors, %s of state, %s saver, saving every %s\n", registry.size(),
-        FormatBytes(double(registry.total_bytes())).c_str(), config.saver_kind.c_str(),
+        FormatBytes(double(global_bytes)).c_str(), config.saver_kind.c_str(),
         config.saver.save_steps ? (std::to_string(*config.saver.save_steps) + " steps").c_str()
                                 : (std::to_string(*config.saver.save_secs) + " s").c_str());
 }
@@ -152,6 +162,13 @@ Status StartRun(TrainSimConfig& config, RunSummary* summary, Coordinator* coordi
   summary->state_bytes = registry.total_bytes();
   summary->tensors = registry.size();
   ASSIGN_OR_RETURN(run.input, OpenInput(config, coordinator));
+  if (config.kill_at && config.kill_at->rank == (coordinator ? coordinator->rank() : 0)) {
+    std::string fallback;
+    run.own_fs =
+        io::NewDefaultFileSystem({.force_posix_io = config.saver.force_posix_io}, &fallback);
+    run.kill_fs = NewKillPointFileSystem(run.own_fs.get(), *config.kill_at);
+    config.saver.file_system = run.kill_fs.get();
+  }
   if (coordinator != nullptr) {
     // The savers of the ranks save one checkpoint together (docs/distributed.md).
     config.saver.coordinator = coordinator;
@@ -165,10 +182,17 @@ Status StartRun(TrainSimConfig& config, RunSummary* summary, Coordinator* coordi
   return Status::OK();
 }
 
-// The hooks in the order they run: the yardstick, the model saver, the input hook.
+// The hooks in the order they run: the input hook, waited for (InputCommittedFirstHook), the
+// yardstick, the model saver.
 Result<std::vector<SessionRunHook*>> MakeHooks(const TrainSimConfig& config, RunParts& run) {
   const TensorRegistry* registry = &run.model->registry();
-  ASSIGN_OR_RETURN(run.hook, MakeSaverHook(config, registry, &run.recorder, &run.totals));
+  // A session restored onto another number of ranks keeps the checkpoint it restored as it is:
+  // re-saved, it would no longer pair with the input checkpoints of the ranks that saved it.
+  auto keep_start = [&run](int64_t step) {
+    return run.sharded_creator && run.sharded_creator->keeps_restored_checkpoint(step);
+  };
+  ASSIGN_OR_RETURN(run.hook,
+                   MakeSaverHook(config, registry, &run.recorder, &run.totals, keep_start));
   // The input is checkpointed beside the library's savers only: none saves nothing, and naive
   // stands for a job that saves its tensors and nothing else.
   if (config.saver_kind == "sync" || config.saver_kind == "async") {
@@ -179,12 +203,19 @@ Result<std::vector<SessionRunHook*>> MakeHooks(const TrainSimConfig& config, Run
     ASSIGN_OR_RETURN(run.input_hook, MakeInputHook(config, run.input.get(), source));
   }
   std::vector<SessionRunHook*> hooks;
-  if (run.hook) hooks.push_back(run.hook.get());
-  if (run.input_hook) hooks.push_back(run.input_hook.get());
+  // Always, not only with --shard: a plain run over a directory several ranks saved pairs its
+  // model checkpoints with input.ckpt, which that directory lacks, so retention protects no
+  // older set until the new one is whole.
+  if (run.input_hook) {
+    hooks.push_back(run.input_hook.get());
+    run.input_first = std::make_unique<InputCommittedFirstHook>(run.input_hook.get());
+    hooks.push_back(run.input_first.get());
+  }
   if (config.memcpy_yardstick) {
     ASSIGN_OR_RETURN(run.yardstick, MemcpyYardstickHook::Create(registry, config.saver));
-    hooks.insert(hooks.begin(), run.yardstick.get());  // runs just before the saver
+    hooks.push_back(run.yardstick.get());  // runs just before the saver
   }
+  if (run.hook) hooks.push_back(run.hook.get());
   return hooks;
 }
 
@@ -210,14 +241,22 @@ void ReportRestore(const TrainSimConfig& config, const RunSummary& summary,
 }
 
 // Rank 0 removes the input checkpoints of ranks this job does not have once their model
-// checkpoints are gone (docs/distributed.md); a failure is reported, never fatal.
+// checkpoints are gone, and what those ranks left behind (docs/distributed.md); a failure is
+// reported, never fatal.
 void RemoveOrphans(const TrainSimConfig& config, Coordinator* coordinator, const RunParts& run) {
   if (!run.input_hook || (coordinator != nullptr && coordinator->rank() != 0)) return;
   const uint32_t world = coordinator ? static_cast<uint32_t>(coordinator->size()) : 1;
-  auto removed =
-      RemoveOrphanedInputCheckpoints(config.saver.checkpoint_dir, config.saver.basename, world);
+  std::unique_ptr<io::FileSystem> posix;
+  io::FileSystem* fs = config.saver.file_system;
+  if (fs == nullptr) {
+    posix = io::NewPosixFileSystem();
+    fs = posix.get();
+  }
+  auto removed = RemoveOrphanedInputCheckpoints(*fs, config.saver.checkpoint_dir,
+                                                config.saver.basename, world);
   if (!removed.ok()) {
-    std::fprintf(stderr, "train-sim: WARNING: %s\n", removed.status().ToString().c_str());
+    LogWarning("could not remove the input checkpoints of ranks this job does not have: " +
+               removed.status().ToString());
     return;
   }
   for (const std::string& name : *removed) {
@@ -319,6 +358,7 @@ Status TrainLoop(const TrainSimConfig& config, Coordinator* coordinator, bool le
     status = session.run([&](StepContext& ctx) {
       return TrainStep(ctx, config, coordinator, run, batch, preempted);
     });
+    if (status.ok()) status = run.recorder.gone_rank();
     if (!status.ok()) break;
     const double ms =
         std::chrono::duration<double, std::milli>(SteadyClock::now() - step_start).count();
@@ -491,6 +531,14 @@ int TrainSimCommand(int argc, char** argv) {
   if (!config.ok()) {
     if (lead) std::fprintf(stderr, "asyncckpt train-sim: %s\n", config.status().message().c_str());
     return kExitUsage;
+  }
+  if (coordinator != nullptr && coordinator->size() > 1) {
+    // The dataset every rank reads, once rank 0 has written it: the same on every rank.
+    Status agreed = AgreeOnDataset(*coordinator, *config);
+    if (!agreed.ok()) {
+      if (lead) std::fprintf(stderr, "asyncckpt train-sim: %s\n", agreed.message().c_str());
+      return agreed.code() == StatusCode::kInvalidArgument ? kExitUsage : kExitFailed;
+    }
   }
   RunSummary summary;
   Status status = RunTrainSim(*config, &summary, coordinator);

@@ -71,6 +71,11 @@ const std::vector<FlagSpec>& TrainSimFlags() {
        "testing: fail the step function with Unavailable once at each of these steps "
        "(comma-separated), as a pre-empted accelerator would; the session recovers from the "
        "newest checkpoint"},
+      {"kill_at", "",
+       "testing: <rank>:<rename|remove|create>:<name prefix> SIGKILLs that rank just before the "
+       "first such operation of its savers on a file or directory whose name starts with the "
+       "prefix (e.g. 0:rename:model.ckpt-20 kills rank 0 as it commits model.ckpt-20), as a "
+       "crash there would"},
       {"metrics_json", "", "write the summary as one JSON object to this file"},
       {"step_series", "",
        "add every step's time (the first 1000000 steps) to --metrics_json, for timelines", true},
@@ -354,6 +359,18 @@ Status CheckShardFlags(const ParsedFlags& flags, TrainSimConfig& config) {
   return Status::OK();
 }
 
+// --kill_at: a rank of this job (0 without --shard), or the flag would never fire.
+Status CheckKillFlag(const ParsedFlags& flags, TrainSimConfig& config) {
+  if (!flags.has("kill_at")) return Status::OK();
+  ASSIGN_OR_RETURN(config.kill_at, ParseKillPoint(flags.get("kill_at")));
+  const int ranks = config.model.shard ? config.model.world_size : 1;
+  if (config.kill_at->rank >= ranks) {
+    return BadValue(flags, "kill_at", "of a rank below " + std::to_string(ranks),
+                    "this job has " + std::to_string(ranks) + " rank(s)");
+  }
+  return Status::OK();
+}
+
 // What the run measures and reports, and the memory it may plan for.
 Status CheckReportFlags(const ParsedFlags& flags, TrainSimConfig& config) {
   config.verify = flags.get_switch("verify");
@@ -410,6 +427,7 @@ Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags, const ShardCont
   if (config.model.shard) {
     RETURN_IF_ERROR(CheckShardFlags(flags, config));
   }
+  RETURN_IF_ERROR(CheckKillFlag(flags, config));
   RETURN_IF_ERROR(CheckReportFlags(flags, config));
   RETURN_IF_ERROR(CheckDeviceFlags(flags, config));
   // The saver's own checks, as a backstop for anything the flags above let through.

@@ -14,6 +14,7 @@
 #include "asyncckpt/saver_hook.h"
 #include "asyncckpt/status.h"
 #include "src/cli/flags.h"
+#include "src/cli/kill_point.h"
 #include "src/cli/sim_model.h"
 
 namespace asyncckpt::cli {
@@ -71,6 +72,8 @@ struct TrainSimConfig {
   std::set<int64_t> preempt_at_steps;
   /// --coordination_timeout_secs, with --shard.
   double coordination_timeout_secs = 300;
+  /// --kill_at (testing): where one rank's savers kill it.
+  std::optional<KillPoint> kill_at;
 };
 
 /// --shard: this process's place in the job.

@@ -26,8 +26,21 @@ bool SaveRecorder::after_save(int64_t step, const SaveStats& stats) {
   if (!stats.status.ok()) {
     std::fprintf(stderr, "\nasyncckpt: save of step %" PRId64 " failed: %s\n", step,
                  stats.status.ToString().c_str());
+    // A rank that timed out once is never waited for again (src/state/sharded_commit.cc).
+    if (gone_.ok() && stats.failed_rank >= 0 &&
+        stats.status.message().find(" is known to be gone") != std::string::npos) {
+      gone_ = Status::Aborted("rank " + std::to_string(stats.failed_rank) +
+                              " stopped answering the job's saves and cannot rejoin; every later "
+                              "save would fail, so the job ends (save of step " +
+                              std::to_string(step) + ": " + stats.status.message() + ")");
+    }
   }
   return false;
+}
+
+Status SaveRecorder::gone_rank() const {
+  std::lock_guard lock(mutex_);
+  return gone_;
 }
 
 bool SaveRecorder::TakeSavedAt(int64_t step) {
@@ -40,7 +53,8 @@ bool SaveRecorder::TakeSavedAt(int64_t step) {
 Result<std::unique_ptr<SessionRunHook>> MakeSaverHook(const TrainSimConfig& config,
                                                       const TensorRegistry* registry,
                                                       SaveRecorder* recorder,
-                                                      std::function<SaverTotals()>* totals) {
+                                                      std::function<SaverTotals()>* totals,
+                                                      std::function<bool(int64_t)> keep_start) {
   if (config.saver_kind == "none") {
     *totals = [] { return SaverTotals{}; };
     return std::unique_ptr<SessionRunHook>();
@@ -56,12 +70,14 @@ Result<std::unique_ptr<SessionRunHook>> MakeSaverHook(const TrainSimConfig& conf
     auto hook = CheckpointSaverHook::Create(config.saver, registry, {recorder});
     if (!hook.ok()) return hook.status();
     CheckpointSaverHook* raw = hook->get();
+    raw->set_keep_start_checkpoint(std::move(keep_start));
     *totals = [raw] { return raw->totals(); };
     return std::unique_ptr<SessionRunHook>(std::move(hook).value());
   }
   auto hook = AsyncCheckpointSaverHook::Create(config.saver, registry, {recorder});
   if (!hook.ok()) return hook.status();
   AsyncCheckpointSaverHook* raw = hook->get();
+  raw->set_keep_start_checkpoint(std::move(keep_start));
   *totals = [raw] { return raw->totals(); };
   return std::unique_ptr<SessionRunHook>(std::move(hook).value());
 }
@@ -76,6 +92,7 @@ InputPipelineOptions InputOptions(const TrainSimConfig& config) {
   options.saver.compression = config.saver.compression;
   options.saver.chunk_bytes = config.saver.chunk_bytes;
   options.saver.force_posix_io = config.saver.force_posix_io;
+  options.saver.file_system = config.saver.file_system;
   options.saver.on_error = config.saver.on_error;
   options.saver.clock = config.saver.clock;
   options.saver.allow_fresh_start = config.saver.allow_fresh_start;
@@ -112,6 +129,7 @@ Result<std::unique_ptr<ShardedSessionCreator>> MakeShardedCreator(const TrainSim
     options.input_basename = InputCheckpointBasename(InputOptions(config));
   }
   options.allow_fresh_start = config.allow_fresh_start;
+  options.file_system = config.saver.file_system;
   options.init_fn = [model] {
     model->Reset();
     return Status::OK();
@@ -122,6 +140,13 @@ Result<std::unique_ptr<ShardedSessionCreator>> MakeShardedCreator(const TrainSim
 Result<int64_t> SeedCheckedCreator::create_session() {
   RETURN_IF_ERROR(CheckSameSeed(dir_, basename_, seed_));
   return inner_->create_session();
+}
+
+Status InputCommittedFirstHook::after_run(RunContext& context, const RunValues& values) {
+  (void)context;
+  (void)values;
+  (void)input_->wait_until_saved();
+  return Status::OK();
 }
 
 Result<std::unique_ptr<RecordDatasetIterator>> OpenInput(TrainSimConfig& config,

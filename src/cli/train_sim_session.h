@@ -35,18 +35,25 @@ class SaveRecorder final : public CheckpointSaverListener {
   /// True when a save began at `step`; forgets every step up to `step`, which the loop asks
   /// about once, in order: the recorder holds no record per save.
   bool TakeSavedAt(int64_t step);
+  /// Aborted, naming the rank, once a save failed because a rank of the job is known to be
+  /// gone: no later save can commit without it, so the job must end rather than run on with
+  /// every save failing (on_error continue) and exit 0. OK until then.
+  Status gone_rank() const;
 
  private:
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::set<int64_t> save_steps_;  // noted and not yet asked about: one or two
+  Status gone_;
 };
 
 /// The hook of --saver, reporting to `recorder`; null for --saver none. `totals` is set to read
-/// the hook's totals (all zero for none).
+/// the hook's totals (all zero for none). `keep_start` goes to the library's savers
+/// (set_keep_start_checkpoint).
 Result<std::unique_ptr<SessionRunHook>> MakeSaverHook(const TrainSimConfig& config,
                                                       const TensorRegistry* registry,
                                                       SaveRecorder* recorder,
-                                                      std::function<SaverTotals()>* totals);
+                                                      std::function<SaverTotals()>* totals,
+                                                      std::function<bool(int64_t)> keep_start);
 
 /// The input hook's options: its schedule, retention and codec follow the model saver's.
 InputPipelineOptions InputOptions(const TrainSimConfig& config);
@@ -84,6 +91,24 @@ class SeedCheckedCreator final : public SessionCreator {
   std::string dir_, basename_;
   uint64_t seed_;
   SessionCreator* inner_;
+};
+
+/// Runs after the input hook and before the model's saver, and
+/// waits until the input save of the step just run is committed (or failed). A rank's part of
+/// the model checkpoint of a step is then published only after its input checkpoint of that
+/// step is committed, so the model checkpoint that rank 0 commits always completes a whole set,
+/// and retention, which drops the older sets once the newer model checkpoint is listed, never
+/// leaves the job without one (docs/distributed.md).
+class InputCommittedFirstHook final : public SessionRunHook {
+ public:
+  /// `input` is borrowed and must outlive this hook.
+  explicit InputCommittedFirstHook(CheckpointInputPipelineHook* input) : input_(input) {}
+  /// Waits for the input's saves in flight; their failures reach the loop through the input
+  /// hook, as on_error says.
+  Status after_run(RunContext& context, const RunValues& values) override;
+
+ private:
+  CheckpointInputPipelineHook* input_;
 };
 
 /// Opens the dataset, writing the synthetic one first when it is missing, and sets

@@ -1,6 +1,8 @@
 // AsyncCheckpointSaverHook: the training thread only snapshots; the engine's flow graph
 // encodes, writes and commits in the background.
 
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "asyncckpt/saver_hook.h"
@@ -54,6 +56,11 @@ class AsyncCheckpointSaverHook::Impl {
   // small broadcast from rank 0, never a wait for another rank's save.
   Result<bool> Due(int64_t step) { return core_->schedule().due_everywhere(step); }
 
+  bool StartSaveNeeded(int64_t step) { return core_->schedule().start_save_needed(step); }
+  void KeepStart(std::function<bool(int64_t)> keep) {
+    core_->schedule().set_keep_start(std::move(keep));
+  }
+
   SaverTotals Totals() const { return core_->totals(); }
 
  private:
@@ -79,6 +86,7 @@ AsyncCheckpointSaverHook::~AsyncCheckpointSaverHook() = default;
 Status AsyncCheckpointSaverHook::begin() { return impl_->Begin(); }
 
 Status AsyncCheckpointSaverHook::after_create_session(int64_t global_step) {
+  if (!impl_->StartSaveNeeded(global_step)) return Status::OK();
   // Nothing to stop yet: TensorFlow ignores the listeners' answer for this save, also in a
   // session re-created after a pre-emption.
   return impl_->Save(global_step, /*may_skip=*/true, /*heed_listeners=*/false);
@@ -99,6 +107,10 @@ Status AsyncCheckpointSaverHook::wait_until_saved() { return impl_->WaitUntilSav
 Status AsyncCheckpointSaverHook::before_recovery() {
   impl_->WaitForSavesInFlight();
   return Status::OK();
+}
+
+void AsyncCheckpointSaverHook::set_keep_start_checkpoint(std::function<bool(int64_t)> keep) {
+  impl_->KeepStart(std::move(keep));
 }
 
 SaverTotals AsyncCheckpointSaverHook::totals() const { return impl_->Totals(); }

@@ -4,7 +4,9 @@
 // the processes of a job under save_secs.
 
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <utility>
 
 #include "asyncckpt/coordinator.h"
 #include "asyncckpt/saver_options.h"
@@ -34,6 +36,18 @@ class SaveSchedule {
   void mark_saved(int64_t step) { last_saved_step_ = step; }
   /// True when the end of the session must still save `step`: its state was not saved.
   bool final_save_needed(int64_t step) const { return last_saved_step_ != step; }
+  /// The hooks' set_keep_start_checkpoint: `keep(step)` true leaves out the save at a session's
+  /// start at `step`. Null (the default): every start saves.
+  void set_keep_start(std::function<bool(int64_t)> keep) { keep_start_ = std::move(keep); }
+  /// Whether a session starting at `step` saves it; when not (kept as it is), the step is
+  /// marked saved, so that the next save is due N steps or seconds later and end() does not
+  /// save it again.
+  bool start_save_needed(int64_t step) {
+    if (!keep_start_ || !keep_start_(step)) return true;
+    mark(step);
+    mark_saved(step);
+    return false;
+  }
 
  private:
   SaveSchedule(SecondOrStepTimer timer, Coordinator* agree_with)
@@ -41,6 +55,7 @@ class SaveSchedule {
   SecondOrStepTimer timer_;
   Coordinator* agree_with_;  // the job's coordinator when the decision must be agreed, or null
   std::optional<int64_t> last_saved_step_;
+  std::function<bool(int64_t)> keep_start_;
 };
 
 }  // namespace asyncckpt

@@ -4,6 +4,8 @@
 
 #include "asyncckpt/saver_hook.h"
 
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include "src/saver/saver_core.h"
@@ -30,6 +32,11 @@ class CheckpointSaverHook::Impl {
   }
 
   Result<bool> Due(int64_t step) { return core_->schedule().due_everywhere(step); }
+
+  bool StartSaveNeeded(int64_t step) { return core_->schedule().start_save_needed(step); }
+  void KeepStart(std::function<bool(int64_t)> keep) {
+    core_->schedule().set_keep_start(std::move(keep));
+  }
 
   Status End(int64_t step) {
     Status status;
@@ -66,6 +73,7 @@ CheckpointSaverHook::~CheckpointSaverHook() = default;
 Status CheckpointSaverHook::begin() { return impl_->Begin(); }
 
 Status CheckpointSaverHook::after_create_session(int64_t global_step) {
+  if (!impl_->StartSaveNeeded(global_step)) return Status::OK();
   bool stop = false;  // nothing to stop yet: TensorFlow ignores the listeners' answer here too
   return impl_->Save(global_step, &stop, /*heed_listeners=*/false);
 }
@@ -81,6 +89,10 @@ Status CheckpointSaverHook::after_run(RunContext& context, const RunValues& valu
 }
 
 Status CheckpointSaverHook::end(int64_t global_step) { return impl_->End(global_step); }
+
+void CheckpointSaverHook::set_keep_start_checkpoint(std::function<bool(int64_t)> keep) {
+  impl_->KeepStart(std::move(keep));
+}
 
 SaverTotals CheckpointSaverHook::totals() const { return impl_->totals(); }
 

@@ -45,6 +45,19 @@ TEST(SaveScheduleTest, OnlyASavedStepSparesTheFinalSave) {
   EXPECT_TRUE(schedule->final_save_needed(5));
 }
 
+TEST(SaveScheduleTest, AKeptStartCheckpointCountsAsSavedAndOnlyForItsStep) {
+  Result<SaveSchedule> schedule = SaveSchedule::Create(Every(5));
+  ASSERT_TRUE(schedule.ok());
+  EXPECT_TRUE(schedule->start_save_needed(10));  // unset: every start saves, TensorFlow's rule
+  schedule->set_keep_start([](int64_t step) { return step == 10; });
+  EXPECT_TRUE(schedule->start_save_needed(7));
+  EXPECT_FALSE(schedule->start_save_needed(10));
+  // Kept as it is: the end need not save step 10 again, and the next save is 5 steps later.
+  EXPECT_FALSE(schedule->final_save_needed(10));
+  EXPECT_FALSE(schedule->due(14));
+  EXPECT_TRUE(schedule->due(15));
+}
+
 TEST(SaveScheduleTest, OneProcessDecidesAloneUnderSaveSecs) {
   double now = 100;
   SaverOptions options = Every(1);

@@ -124,6 +124,25 @@ TEST_F(CheckpointSaverHookTest, SavesAtStartEveryNStepsAndAtEndWhenLastStepUnsav
   EXPECT_EQ(*latest, dir_ + "/model.ckpt-12");
 }
 
+TEST_F(CheckpointSaverHookTest, AKeptStartCheckpointIsNeitherReplacedNorSavedAgainAtEnd) {
+  // Step 0 stands for a checkpoint another number of processes saved: kept as it is.
+  auto sync = CheckpointSaverHook::Create(Options(5), &registry_);
+  ASSERT_TRUE(sync.ok()) << sync.status().ToString();
+  (*sync)->set_keep_start_checkpoint([](int64_t step) { return step == 0; });
+  ASSERT_TRUE(Train(sync->get(), 5).ok());
+  EXPECT_EQ(CheckpointDirs(), std::vector<std::string>{"model.ckpt-5"});
+  fs::remove_all(dir_ + "/model.ckpt-5");
+  fs::remove(dir_ + "/checkpoint");
+  RecordingListener listener;
+  auto async = AsyncCheckpointSaverHook::Create(Options(5), &registry_, {&listener});
+  ASSERT_TRUE(async.ok()) << async.status().ToString();
+  (*async)->set_keep_start_checkpoint([](int64_t step) { return step == 0; });
+  ASSERT_TRUE(Train(async->get(), 3).ok());
+  // No save at the start; the end saves step 3, which is not saved.
+  EXPECT_EQ(listener.calls,
+            (std::vector<std::string>{"begin", "before_save 3", "after_save 3", "end 3"}));
+}
+
 TEST_F(CheckpointSaverHookTest, BothHooksRefuseANegativeStep) {
   {
     auto hook = CheckpointSaverHook::Create(Options(5), &registry_);
