@@ -306,6 +306,13 @@ def _specs(state: dict[str, Any]) -> list[tuple]:
             for n, t in state.items()]
 
 
+def _wait_for_latest(saver: Any) -> str:
+    """The newest checkpoint's path once every save of `saver` (a Checkpointer or a manager)
+    has finished."""
+    saver.wait_until_finished()
+    return str(saver.checkpoint_path(saver.latest_step()))
+
+
 class CppCheckpointer(Candidate):
     """The C++ Checkpointer through asyncckpt._core with its default SaverOptions: the
     tensors' addresses handed to it once per save, nothing else in Python."""
@@ -327,8 +334,7 @@ class CppCheckpointer(Candidate):
         self.core.save(step, self.specs, {})
 
     def finish(self) -> None:
-        self.core.wait_until_finished()
-        self.latest = self.core.checkpoint_path(self.core.latest_step())
+        self.latest = _wait_for_latest(self.core)
         self.totals = self.core.totals()
         self.core.close()
 
@@ -365,8 +371,7 @@ class Manager(Candidate):
         self.manager.save(step, self.state)
 
     def finish(self) -> None:
-        self.manager.wait_until_finished()
-        self.latest = self.manager.checkpoint_path(self.manager.latest_step())
+        self.latest = _wait_for_latest(self.manager)
         self.stats = self.manager.stats()
         self.manager.close()
 
