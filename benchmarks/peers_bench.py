@@ -49,7 +49,7 @@ OURS = "asyncckpt-"
 
 # figure key, column title, format, whether less is better
 FIGURES = [
-    ("blocked_s", "blocked s/save", ".3f", True),
+    ("blocked_s", "blocked s/save (/ memcpy)", ".3f", True),
     ("durable_s", "durable s", ".3f", True),
     ("persist_over_write", "persist / fio write", ".2f", False),
     ("loop_lost_s", "loop lost s/save", ".3f", True),
@@ -88,13 +88,18 @@ def run_candidate(args: argparse.Namespace, name: str, layout: str, size: int,
            "--step-ms", str(args.step_ms)]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     start = time.time()
-    r = subprocess.run(cmd, text=True, capture_output=True, check=False, env=env)
-    lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
-    if r.returncode != 0 or not lines:
-        row = {"status": "failed", "reason": f"failed: exit {r.returncode}: "
-               f"{(r.stderr.strip().splitlines() or ['no output'])[-1][:200]}"}
-    else:
-        row = json.loads(lines[-1])
+    try:
+        r = subprocess.run(cmd, text=True, capture_output=True, check=False, env=env,
+                           timeout=args.candidate_timeout)
+        lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
+        if r.returncode != 0 or not lines:
+            row = {"status": "failed", "reason": f"failed: exit {r.returncode}: "
+                   f"{(r.stderr.strip().splitlines() or ['no output'])[-1][:200]}"}
+        else:
+            row = json.loads(lines[-1])
+    except subprocess.TimeoutExpired:
+        row = {"status": "failed",
+               "reason": f"failed: no result in {args.candidate_timeout:.0f} s"}
     row["candidate"] = name
     row["seconds"] = time.time() - start
     rb.log(f"    {name:20} {row['seconds']:5.1f} s  " + (
@@ -247,7 +252,8 @@ NOTES = f"""How to read it:
 - **persist / fio write**: state bytes ÷ time to durable, over the median of {FIO_WRITE};
   **restore / fio read**: state bytes ÷ cold restore time, over the median of {FIO_READ}. The
   limits were sampled before each third of the candidates and after the last. Above 1.0 the
-  limit moved while the run went on ("limit moved"): no target is called met from it.
+  limit moved while the run went on ("limit moved"): no target is called met from it. A limit's
+  spread is (max - min) / median of its samples.
 - **loop lost s/save**: the loop's wall time beyond its steps at the reference step time, per
   save: blocked time plus the steps that background work slowed.
 - **peak RSS / state**: VmHWM from the first save to the end of the last, less the process's
@@ -304,6 +310,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--candidates", default=",".join(pc.CANDIDATES))
     p.add_argument("--saves", type=int, default=3)
     p.add_argument("--step-ms", type=float, default=100)
+    p.add_argument("--candidate-timeout", type=float, default=1800,
+                   help="seconds one candidate may take before its row says it failed")
     p.add_argument("--command", default=None)
     args = p.parse_args(argv)
     args.candidates = args.candidates.split(",")
