@@ -361,7 +361,9 @@ class Manager(Candidate):
     modules = ("asyncckpt",)
     manager_module = "asyncckpt"
     blocked_source = PERF_COUNTER
-    durable_source = "CheckpointManager.stats() seconds_to_durable"
+    durable_source = ("CheckpointManager.stats() seconds_to_durable plus the Python time before "
+                      "the engine's save began (perf_counter around the call less the stats' "
+                      "blocked_seconds)")
 
     def __init__(self, directory: str, layout: list, state: dict[str, Any]) -> None:
         super().__init__(directory, layout, state)
@@ -375,8 +377,15 @@ class Manager(Candidate):
         self.stats = self.manager.stats()
         self.manager.close()
 
+    def blocked(self, measured: list[float]) -> list[float]:
+        self.measured = measured
+        return measured
+
     def durable(self) -> list[float]:
-        return [s.seconds_to_durable for s in self.stats.saves]
+        # The engine's clock starts when the flattened state reaches it; the loop's when it
+        # calls save.
+        return [s.seconds_to_durable + max(0.0, m - s.blocked_seconds)
+                for s, m in zip(self.stats.saves, self.measured)]
 
     def restore(self) -> Any:
         import asyncckpt
@@ -537,8 +546,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     loop_seconds = time.perf_counter() - loop_start
     candidate.finish()
     peak = bench_proc.status_kib("VmHWM") * 1024 if rss_reset else None
-    durable = candidate.durable()
     blocked = candidate.blocked(blocked)
+    durable = candidate.durable()
     assert candidate.latest is not None
     on_disk = bench_proc.bytes_on_disk(candidate.latest)
     # The restore gets the memory the saves held back.
