@@ -177,7 +177,8 @@ def best_peer(summary: dict[str, Any]) -> list[dict[str, Any]]:
         pick = min if lower else max
         a = pick(ours, key=lambda r: r[key])
         b = pick(peers, key=lambda r: r[key])
-        ratio = a[key] / b[key] if b[key] else math.inf
+        # A loss at or below zero is the reference step's noise: no ratio of it means anything.
+        ratio = a[key] / b[key] if a[key] > 0 and b[key] > 0 else None
         wins = a[key] <= b[key] if lower else a[key] >= b[key]
         out.append({"figure": title, "ours": a["candidate"], "peer": b["candidate"],
                     "ratio": ratio, "less_is_better": lower, "peer_wins": not wins})
@@ -228,7 +229,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", "| figure | asyncckpt's best | best peer | ours / peer | who wins |",
                   "|---|---|---|---:|---|"]
         for b in run["best_peer"]:
-            lines.append(f"| {b['figure']} | {b['ours']} | {b['peer']} | {b['ratio']:.2f} | "
+            ratio = "- (one side <= 0: noise)" if b["ratio"] is None else f"{b['ratio']:.2f}"
+        lines.append(f"| {b['figure']} | {b['ours']} | {b['peer']} | {ratio} | "
                          f"{b['peer'] if b['peer_wins'] else 'asyncckpt'} |")
         lines += ["", "Sources:", "", "| candidate | where each figure came from |", "|---|---|"]
         for row in summary["rows"]:
