@@ -41,6 +41,9 @@ import sys
 import time
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_proc
+
 VARIANTS = ("fs", "fs_threads4", "fs_async", "asyncckpt")
 LAYER_WIDTH = 2048  # a Linear(2048, 2048) holds 16 MiB of parameters
 
@@ -58,35 +61,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 # ---- one rank of the torchrun job ---------------------------------------------------------
-
-
-def rss_kib(field: str) -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
-def reset_peak_rss() -> None:
-    with open("/proc/self/clear_refs", "w") as refs:
-        refs.write("5")
-
-
-def drop_cache(directory: str) -> None:
-    """Drops the page cache of the checkpoint's files (they are fsynced, so clean)."""
-    for root, _, files in os.walk(directory):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-def bytes_on_disk(directory: str) -> int:
-    return sum(os.stat(os.path.join(root, name)).st_blocks * 512
-               for root, _, files in os.walk(directory) for name in files)
 
 
 def build_state(gib: float) -> tuple[Any, Any]:
@@ -122,8 +96,8 @@ def time_variant(variant: str, state: dict[str, Any], directory: str) -> dict[st
     import asyncckpt.torch
 
     dist.barrier()
-    baseline = rss_kib("VmRSS")
-    reset_peak_rss()
+    baseline = bench_proc.status_kib("VmRSS")
+    bench_proc.reset_peak_rss()
     start = time.perf_counter()
     if variant in ("fs", "fs_threads4"):
         writer = dcp.FileSystemWriter(directory, thread_count=4 if variant == "fs_threads4" else 1)
@@ -143,14 +117,14 @@ def time_variant(variant: str, state: dict[str, Any], directory: str) -> dict[st
         durable = time.perf_counter() - start
         stager.close()
     dist.barrier()
-    drop_cache(directory)
+    bench_proc.drop_page_cache(directory)
     dist.barrier()
     reader = (asyncckpt.torch.StorageReader(directory) if variant == "asyncckpt"
               else dcp.FileSystemReader(directory))
     start = time.perf_counter()
     dcp.load(state, storage_reader=reader)
     load = time.perf_counter() - start
-    peak = max(0, rss_kib("VmHWM") - baseline) * 1024
+    peak = max(0, bench_proc.status_kib("VmHWM") - baseline) * 1024
     dist.barrier()
     return {"blocked": blocked, "durable": durable, "load": load, "peak_rss": float(peak)}
 
@@ -177,7 +151,8 @@ def worker(args: argparse.Namespace) -> None:
             dist.all_gather_object(gathered, figures)
             if rank == 0:
                 row = {key: max(g[key] for g in gathered) for key in figures}
-                row.update(variant=variant, repeat=repeat, bytes=bytes_on_disk(directory))
+                row.update(variant=variant, repeat=repeat,
+                           bytes=bench_proc.bytes_on_disk(directory))
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 shutil.rmtree(directory, ignore_errors=True)

@@ -44,6 +44,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 "examples"))
 from pytorch_train import synthetic_digits
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_proc
+
 VARIANTS = ["none", "torch.save", "dcp-style", "asyncckpt-sync", "asyncckpt-async"]
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -113,14 +116,6 @@ class Job:
 
 # ---- the ways to save -------------------------------------------------------------------------
 
-def fsync_path(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def torch_save_durably(state, directory, step):
     """torch.save to a temporary name, fsync, rename, fsync the directory, drop the previous."""
     final = os.path.join(directory, f"ckpt-{step}.pt")
@@ -130,7 +125,7 @@ def torch_save_durably(state, directory, step):
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)
-    fsync_path(directory)
+    bench_proc.fsync_path(directory)
     for name in os.listdir(directory):
         if name.endswith(".pt") and name != os.path.basename(final):
             os.remove(os.path.join(directory, name))
@@ -234,24 +229,6 @@ def make_saver(variant, directory, args):
 
 # ---- measuring --------------------------------------------------------------------------------
 
-def reset_peak_rss():
-    """Resets VmHWM (Linux >= 4.0); False where the kernel refuses."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def status_kib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
 def percentile(values, q):
     return float(np.percentile(np.asarray(values), q)) if values else 0.0
 
@@ -261,7 +238,7 @@ def run_variant(variant, job, args, first_step):
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
     gc.collect()
-    rss_reset = reset_peak_rss()
+    rss_reset = bench_proc.reset_peak_rss()
     saver = make_saver(variant, directory, args)
     step_seconds, blocked = [], []
     for i in range(1, args.steps + 1):
@@ -290,7 +267,7 @@ def run_variant(variant, job, args, first_step):
         "durable_median": statistics.median(durable) if durable else 0.0,
         "final_wait_seconds": finish_seconds,
         "bytes_on_disk": saver.bytes_on_disk(),
-        "peak_rss_bytes": status_kib("VmHWM") * 1024 if rss_reset else None,
+        "peak_rss_bytes": bench_proc.status_kib("VmHWM") * 1024 if rss_reset else None,
     }
     del saver
     gc.collect()
