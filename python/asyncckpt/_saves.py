@@ -159,6 +159,14 @@ class SaveTracker:
         self.read()
         return True
 
+    def wait_all(self) -> None:
+        """Waits until every save handed to the engine so far has finished (committed or
+        failed); each rank waits for its own view, with no collective."""
+        with self._lock:
+            made = self._made
+        if made > self._read:
+            self.poll(made, -1)
+
     def read(self) -> None:
         """Resolves the futures of the saves finished since the last read, and keeps the stats
         of those that failed for take_failed."""

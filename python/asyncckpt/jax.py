@@ -68,6 +68,7 @@ class CheckpointManager(_manager.CheckpointManager):
         one is a ValueError naming the leaf (nothing is read). A leaf the checkpoint lacks is a
         ValueError naming it, unless ``partial=True`` keeps the target's leaf.
         """
+        self._saves.wait_all()  # a save this manager just made is restorable
         if step is None:
             step = self.latest_step()
             if step is None:

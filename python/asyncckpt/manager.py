@@ -366,13 +366,17 @@ class CheckpointManager:
 
     def all_steps(self) -> list[int]:
         """Steps of the retained checkpoints in save order (committed saves only): the last is
-        ``latest_step()``. After a forced save of a lower step that step comes last."""
+        ``latest_step()``. After a forced save of a lower step that step comes last. Waits for
+        this manager's own saves in flight first, so a save just made is listed."""
+        self._saves.wait_all()
         return list(self._core.all_steps())
 
     def latest_step(self) -> int | None:
         """The step the last successful save wrote, as the state file records it: what a
         resume restores, what ``latest_checkpoint()`` and ``asyncckpt.load(directory)`` name,
-        and the step a new save must be above. None when there is none."""
+        and the step a new save must be above. None when there is none. Waits for this
+        manager's own saves in flight first: a save just made is the latest once durable."""
+        self._saves.wait_all()
         return self._core.latest_step()
 
     def checkpoint_path(self, step: int) -> str:
@@ -412,6 +416,7 @@ class CheckpointManager:
         (nothing is changed), as DCP refuses it: restoring a model whose new layer silently
         keeps its initial weights is a bug. ``partial=True`` leaves such keys as they are.
 
+        Waits for this manager's own saves in flight first, so a save just made is restored.
         Returns the restored step, or None (``state`` untouched) when there is no checkpoint
         yet; raises CheckpointError naming them when there is none but damaged ones
         (quarantined at the first save; see docs/durability.md), unless allow_fresh_start.
@@ -429,6 +434,7 @@ class CheckpointManager:
         """
         if not isinstance(state, (dict, list)):
             raise TypeError("restore fills a dict or list in place; use load() for a new one")
+        self._saves.wait_all()  # a save this manager just made is restorable
 
         def fill(reader: _core.Reader) -> int:
             with _pickled.allowed(allow_pickle), _stateful.restoring(state) as whole:
@@ -476,6 +482,8 @@ class CheckpointManager:
         def build(reader: _core.Reader) -> Any:
             with _pickled.allowed(allow_pickle):
                 return _load_from(reader)
+
+        self._saves.wait_all()  # a save this manager just made is loadable
 
         loaded = self._read_latest_good(build, step, fresh_start_allowed=False)
         if isinstance(loaded, _resume.Nothing):

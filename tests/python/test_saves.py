@@ -38,6 +38,21 @@ def test_maybe_save_returns_a_future_when_it_saves_and_none_when_not(ckpt_dir):
         assert taken is not None and taken.result(timeout=60).step == 2
 
 
+def test_restore_load_and_the_steps_wait_for_the_managers_own_saves_in_flight(ckpt_dir):
+    big = {"w": np.arange(32 * 2**20, dtype=np.float32)}  # 128 MiB: still writing on return
+    with asyncckpt.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, big)
+        assert manager.latest_step() == 1
+        manager.save(2, big)
+        assert manager.all_steps() == [1, 2]
+        manager.save(3, big)
+        target = {"w": np.zeros_like(big["w"])}
+        assert manager.restore(target) == 3
+        np.testing.assert_array_equal(target["w"], big["w"])
+        manager.save(4, {"w": big["w"] + 1})
+        np.testing.assert_array_equal(manager.load()["w"], big["w"] + 1)
+
+
 def test_a_failed_save_raises_its_own_error_from_its_future(ckpt_dir):
     manager = asyncckpt.CheckpointManager(ckpt_dir, on_error="continue")
     good = manager.save(1, state())
