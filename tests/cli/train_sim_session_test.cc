@@ -16,7 +16,9 @@
 #include "asyncckpt/session.h"
 #include "src/cli/memcpy_yardstick.h"
 #include "src/util/log.h"
+#include "tests/support/counting_iterator.h"
 #include "tests/support/heap_in_use.h"
+#include "tests/support/tensor_ref.h"
 
 namespace asyncckpt::cli {
 namespace {
@@ -49,26 +51,6 @@ TEST(SaveRecorderTest, FiveThousandSavesKeepTheHeapFlat) {
   EXPECT_LT(static_cast<double>(growth) / (kSaves - kWarmUp), 16.0) << growth << " bytes";
 }
 
-// An input iterator whose state is one counter.
-class CountingIterator final : public SaveableIterator {
- public:
-  void Next() { ++counter_; }
-  Status save(IteratorState* state) override {
-    const int64_t counter[1] = {counter_};
-    return state->put_i64("counter", counter);
-  }
-  Status restore(const IteratorState& state) override {
-    auto counter = state.get_i64("counter", 1);
-    if (!counter.ok()) return counter.status();
-    counter_ = (*counter)[0];
-    return Status::OK();
-  }
-  uint64_t max_state_bytes() const override { return 4096; }
-
- private:
-  int64_t counter_ = 0;
-};
-
 // Item 8 of issue 31: 5,000 saves of a job assembled as train-sim assembles it (the yardstick,
 // the async model saver reporting to a SaveRecorder, the input pipeline hook, a session creator;
 // the loop asking what each step saved, as RecordStep does) grow the heap in use (trimmed) by
@@ -86,16 +68,10 @@ TEST(TrainSimSessionMemoryTest, FiveThousandAsyncSavesGrowTheHeapByLessThanSixte
   std::vector<float> weights(4096, 0.5f);
   TensorRegistry registry;
   ASSERT_TRUE(registry
-                  .add({"weights",
-                        DType::kF32,
-                        {4096},
-                        weights.data(),
-                        weights.size() * sizeof(float),
-                        nullptr,
-                        {},
-                        {}})
+                  .add(testing_support::Ref("weights", DType::kF32, {4096}, weights.data(),
+                                            weights.size() * sizeof(float)))
                   .ok());
-  CountingIterator iterator;
+  testing_support::CountingIterator iterator(4096);
   SaverOptions options;
   options.checkpoint_dir = dir;
   options.save_steps = 1;

@@ -18,6 +18,7 @@
 #include "asyncckpt/saver_hook.h"
 #include "asyncckpt/tensor.h"
 #include "src/util/log.h"
+#include "tests/support/tensor_ref.h"
 
 namespace asyncckpt {
 namespace {
@@ -44,14 +45,8 @@ TEST(SaveMemoryTest, TwoThousandAsyncSavesKeepTheHeapFlat) {
   std::vector<float> weights(4096, 0.5f);
   TensorRegistry registry;
   ASSERT_TRUE(registry
-                  .add({"weights",
-                        DType::kF32,
-                        {4096},
-                        weights.data(),
-                        weights.size() * sizeof(float),
-                        nullptr,
-                        {},
-                        {}})
+                  .add(testing_support::Ref("weights", DType::kF32, {4096}, weights.data(),
+                                            weights.size() * sizeof(float)))
                   .ok());
   SaverOptions options;
   options.checkpoint_dir = dir;

@@ -26,33 +26,16 @@
 #include "io/fault_injection_file_system.h"
 #include "src/saver/saver_storage.h"
 #include "tests/io/gated_file_system.h"
+#include "tests/support/counting_iterator.h"
 #include "tests/support/files.h"
 
 namespace asyncckpt {
 namespace {
 
 namespace fs = std::filesystem;
+using testing_support::CountingIterator;
 using testing_support::GatedFileSystem;
 using testing_support::ReadFile;
-
-// A SaveableIterator whose whole state is a counter.
-class CountingIterator final : public SaveableIterator {
- public:
-  void Next() { ++counter_; }
-  Status save(IteratorState* state) override {
-    const int64_t counter[1] = {counter_};
-    return state->put_i64("counter", counter);
-  }
-  Status restore(const IteratorState& state) override {
-    auto counter = state.get_i64("counter", 1);
-    if (!counter.ok()) return counter.status();
-    counter_ = (*counter)[0];
-    return Status::OK();
-  }
-
- private:
-  int64_t counter_ = 0;
-};
 
 // Every entry below `dir` (relative paths) with its size, to prove a refused hook changed
 // nothing.
