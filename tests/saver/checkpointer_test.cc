@@ -532,42 +532,53 @@ TEST_P(CheckpointerTest, BadOptionsAreRefusedWithTheFieldNamed) {
   EXPECT_NE(made.status().message().find("max_to_keep"), std::string::npos);
 }
 
+// An asynchronous Checkpointer's job of one tensor whose writes a gate holds, in a temporary
+// directory removed after the test.
+class GatedCheckpointerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "checkpointer_gated_test-XXXXXX").string();
+    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    ASSERT_TRUE(registry_
+                    .add(testing_support::Ref("w", DType::kF32, {1000}, weights_.data(),
+                                              weights_.size() * sizeof(float)))
+                    .ok());
+    options_.checkpoint_dir = dir_;
+    options_.save_steps = 1;
+    options_.file_system = &gate_;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string dir_;
+  GatedFileSystem gate_{io::NewPosixFileSystem()};
+  std::vector<float> weights_ = std::vector<float>(1000, 1.f);
+  TensorRegistry registry_;
+  SaverOptions options_;
+};
+
+class CheckpointerBusyTest : public GatedCheckpointerTest {};
+class CheckpointerFinishedSavesTest : public GatedCheckpointerTest {};
+
 // Asynchronous only: staging held by a save whose writes are stuck makes maybe_save skip, and
 // save() wait.
-TEST(CheckpointerBusyTest, WithOnBusySkipMaybeSaveSkipsWhileStagingIsHeld) {
-  char pattern[] = "/tmp/checkpointer_busy_test-XXXXXX";
-  ASSERT_NE(mkdtemp(pattern), nullptr);
-  const std::string dir = pattern;
-  GatedFileSystem gate(io::NewPosixFileSystem());
-  std::vector<float> weights(1000, 1.f);
-  TensorRegistry registry;
-  ASSERT_TRUE(registry
-                  .add(testing_support::Ref("w", DType::kF32, {1000}, weights.data(),
-                                            weights.size() * sizeof(float)))
-                  .ok());
-  SaverOptions options;
-  options.checkpoint_dir = dir;
-  options.save_steps = 1;
-  options.on_busy = OnBusy::kSkip;
-  options.file_system = &gate;
-  options.background_threads = 2;
-  {
-    auto made = Checkpointer::Create(options, SaveMode::kAsynchronous);
-    ASSERT_TRUE(made.ok()) << made.status().ToString();
-    Checkpointer& checkpointer = **made;
-    auto first = checkpointer.maybe_save(1, registry);
-    ASSERT_TRUE(first.ok() && *first);
-    gate.WaitForWaiting(1);  // step 1's write holds the whole staging budget
-    auto second = checkpointer.maybe_save(2, registry);
-    ASSERT_TRUE(second.ok()) << second.status().ToString();
-    EXPECT_FALSE(*second);
-    EXPECT_EQ(checkpointer.totals().saves_skipped, 1);
-    EXPECT_TRUE(checkpointer.due(3));
-    gate.Open();
-    ASSERT_TRUE(checkpointer.close().ok());
-    EXPECT_EQ(checkpointer.all_steps(), (std::vector<int64_t>{1}));
-  }
-  fs::remove_all(dir);
+TEST_F(CheckpointerBusyTest, WithOnBusySkipMaybeSaveSkipsWhileStagingIsHeld) {
+  options_.on_busy = OnBusy::kSkip;
+  options_.background_threads = 2;
+  auto made = Checkpointer::Create(options_, SaveMode::kAsynchronous);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Checkpointer& checkpointer = **made;
+  auto first = checkpointer.maybe_save(1, registry_);
+  ASSERT_TRUE(first.ok() && *first);
+  gate_.WaitForWaiting(1);  // step 1's write holds the whole staging budget
+  auto second = checkpointer.maybe_save(2, registry_);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  EXPECT_FALSE(*second);
+  EXPECT_EQ(checkpointer.totals().saves_skipped, 1);
+  EXPECT_TRUE(checkpointer.due(3));
+  gate_.Open();
+  ASSERT_TRUE(checkpointer.close().ok());
+  EXPECT_EQ(checkpointer.all_steps(), (std::vector<int64_t>{1}));
 }
 
 // Holds every remove_tree (retention's removal of a renamed checkpoint) until Open().
@@ -630,35 +641,18 @@ TEST_P(CheckpointerTest, WaitUntilFinishedReturnsOnceDurableWhileRetentionStillR
 
 // Asynchronous only: the n-th save is done once n saves have finished, and a wait for it ends at
 // its timeout while its writes are held.
-TEST(CheckpointerFinishedSavesTest, WaitsForTheNthSaveOrTheTimeout) {
-  char pattern[] = "/tmp/checkpointer_finished_test-XXXXXX";
-  ASSERT_NE(mkdtemp(pattern), nullptr);
-  const std::string dir = pattern;
-  GatedFileSystem gate(io::NewPosixFileSystem());
-  std::vector<float> weights(1000, 1.f);
-  TensorRegistry registry;
-  ASSERT_TRUE(registry
-                  .add(testing_support::Ref("w", DType::kF32, {1000}, weights.data(),
-                                            weights.size() * sizeof(float)))
-                  .ok());
-  SaverOptions options;
-  options.checkpoint_dir = dir;
-  options.save_steps = 1;
-  options.file_system = &gate;
-  {
-    auto made = Checkpointer::Create(options, SaveMode::kAsynchronous);
-    ASSERT_TRUE(made.ok()) << made.status().ToString();
-    Checkpointer& checkpointer = **made;
-    ASSERT_TRUE(checkpointer.save(1, registry).ok());
-    gate.WaitForWaiting(1);
-    EXPECT_FALSE(checkpointer.wait_for_finished_saves(1, 0.05));
-    gate.Open();
-    EXPECT_TRUE(checkpointer.wait_for_finished_saves(1, -1));
-    EXPECT_EQ(checkpointer.totals().saves_committed, 1);
-    EXPECT_TRUE(checkpointer.wait_for_finished_saves(0, 0));
-    ASSERT_TRUE(checkpointer.close().ok());
-  }
-  fs::remove_all(dir);
+TEST_F(CheckpointerFinishedSavesTest, WaitsForTheNthSaveOrTheTimeout) {
+  auto made = Checkpointer::Create(options_, SaveMode::kAsynchronous);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  Checkpointer& checkpointer = **made;
+  ASSERT_TRUE(checkpointer.save(1, registry_).ok());
+  gate_.WaitForWaiting(1);
+  EXPECT_FALSE(checkpointer.wait_for_finished_saves(1, 0.05));
+  gate_.Open();
+  EXPECT_TRUE(checkpointer.wait_for_finished_saves(1, -1));
+  EXPECT_EQ(checkpointer.totals().saves_committed, 1);
+  EXPECT_TRUE(checkpointer.wait_for_finished_saves(0, 0));
+  ASSERT_TRUE(checkpointer.close().ok());
 }
 
 }  // namespace
