@@ -14,6 +14,8 @@ namespace {
 
 constexpr int kMaxJsonDepth = 16;  // a header nests 3 levels; anything deeper is not one
 
+struct JsonMember;
+
 // A parsed JSON value. Numbers are non-negative integers only: a safetensors header and its
 // index hold no others.
 struct Json {
@@ -23,7 +25,15 @@ struct Json {
   uint64_t integer = 0;
   std::string text;
   std::vector<Json> items;
-  std::vector<std::pair<std::string, Json>> members;  // in file order
+  // A named struct, not std::pair: pair of an incomplete type fails under clang with
+  // libstdc++ 12, while vector of one is allowed.
+  std::vector<JsonMember> members;  // in file order
+};
+
+// One key and its value in a JSON object.
+struct JsonMember {
+  std::string name;
+  Json value;
 };
 
 // Reads one JSON document; errors say where.
@@ -230,7 +240,7 @@ class JsonReader {
       if (!Take(':')) return Error("a key without its ':'");
       Json value;
       if (Status status = Value(&value, depth + 1); !status.ok()) return status;
-      out->members.emplace_back(std::move(key), std::move(value));
+      out->members.push_back(JsonMember{std::move(key), std::move(value)});
     } while (Take(','));
     return Take('}') ? Status::OK() : Error("an object without its '}'");
   }
