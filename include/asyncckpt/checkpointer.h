@@ -86,8 +86,11 @@ class Checkpointer {
   Status save(int64_t step, const TensorRegistry& registry,
               const std::map<std::string, std::string>& user_metadata = {});
 
-  /// Creates the engine and its staging for a state like `registry` now, so that the first
-  /// save pays for no allocation (SaverTotals::startup_seconds counts it). `reserve_bytes`: the
+  /// Creates the engine and its staging for a state like `registry`, so that the first save
+  /// pays for no allocation (SaverTotals::startup_seconds counts it). One process: returns once
+  /// the plan is made (bad input is returned here) and creates the engine on a thread of its
+  /// own, which save, wait_until_finished, close and the next prepare await (a failure there is
+  /// logged, and the save creates the engine itself). `reserve_bytes`: the
   /// staging to reserve, for a state that will grow (an optimizer's moments appear after its
   /// first step); 0 sizes it for `registry` (or options.staging_bytes when set). The registry
   /// is not read beyond its sizes and devices. FailedPrecondition after close().

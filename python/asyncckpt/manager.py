@@ -172,6 +172,11 @@ class CheckpointManager:
         elif process_group is not None:
             raise ValueError("give process_group or coordinator, not both")
         self._coordinator = coordinator
+        # A training job's resume (a schedule says it will save) prepares staging from the
+        # state it restored, unless a save or prepare() did; an evaluation's restore takes no
+        # lock and prepares nothing.
+        self._prepare_at_restore = (bool(asynchronous) and coordinator is None and
+                                    self._scheduled)
         self._core = _core.Checkpointer(self._directory, saver_options, bool(asynchronous),
                                         coordinator)
         self._closed = False
@@ -206,6 +211,7 @@ class CheckpointManager:
                 self._core.save(step, specs, {**tree_metadata, **step_metadata},
                                 _boxes(leaves))
             self._last_submitted = step
+            self._prepare_at_restore = False
             self._ledger.saved(step)
             future = self._saves.made(step)
         finally:
@@ -214,10 +220,16 @@ class CheckpointManager:
         return future
 
     def prepare(self, state: object, reserve_bytes: int = 0) -> None:
-        """Allocates the engine and pinned staging for ``state`` now, so the first save pays none.
+        """Starts allocating the engine and pinned staging for ``state``, so the first save
+        pays none, and returns without waiting (one process; a job of several waits, as every
+        rank prepares together). A save before it is done waits for the rest.
 
-        ``reserve_bytes``: staging for a state that will grow (0 sizes it for ``state``).
+        A resume needs no call: ``restore`` prepares for the state it filled (asynchronous
+        managers of one process with a schedule, before their first save; not with
+        ``partial=True``). ``reserve_bytes``: staging for a
+        state that will grow (0 sizes it for ``state``).
         """
+        self._prepare_at_restore = False
         leaves, _ = self._flatten_state(state, allow_pickle=True)  # sizes only: no unpickling
         self._core.prepare([leaf.spec() for leaf in leaves], int(reserve_bytes), _boxes(leaves))
 
@@ -265,6 +277,7 @@ class CheckpointManager:
                                               _boxes(leaves))
             self._last_submitted = step  # seen by the C++ timer, saved or skipped
             if taken:
+                self._prepare_at_restore = False
                 self._ledger.saved(step)
                 future = self._saves.made(step)
         finally:
@@ -442,7 +455,24 @@ class CheckpointManager:
             return reader.step
 
         restored = self._read_latest_good(fill, step, fresh_start_allowed=True)
-        return None if isinstance(restored, _resume.Nothing) else restored
+        if isinstance(restored, _resume.Nothing):
+            return None
+        if self._prepare_at_restore and not partial:
+            self._prepare_resumed(state)
+        return restored
+
+    def _prepare_resumed(self, state: object) -> None:
+        """prepare(state) for the state a resume restored: what the next save will hold, whose
+        staging its first save would otherwise set up on the training thread (seconds per
+        GiB). A failure (the directory locked by another job) is logged: the first save meets
+        it again and raises it."""
+        try:
+            self.prepare(state)
+        except CheckpointError as error:
+            _logging.logger.warning("could not prepare staging after the restore (the first "
+                                    "save will): %s", error)
+        finally:
+            _logging.drain()
 
     def _read_latest_good(self, read: Callable[[_core.Reader], _resume.T], step: int | None, *,
                           fresh_start_allowed: bool) -> _resume.T | _resume.Nothing:

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <mutex>
 
 #include "asyncckpt/state.h"
@@ -16,6 +17,7 @@
 #include "src/state/checkpoint_names.h"
 #include "src/state/committed_steps.h"
 #include "src/state/state_claims.h"
+#include "src/util/log.h"
 #include "src/util/status_macros.h"
 
 namespace asyncckpt {
@@ -67,7 +69,10 @@ class Checkpointer::Impl {
  public:
   Impl(std::unique_ptr<SaverCore> core, SaveMode mode) : core_(std::move(core)), mode_(mode) {}
   // The saves in flight are waited for while the registry the engine borrows still lives.
-  ~Impl() { core_.reset(); }
+  ~Impl() {
+    (void)AwaitPreparation();
+    core_.reset();
+  }
 
   Status Start() {
     RETURN_IF_ERROR(core_->StartStorage());
@@ -101,14 +106,21 @@ class Checkpointer::Impl {
     return Save(step, registry, user_metadata, /*may_skip=*/true);
   }
 
+  // One process: bad input is returned here, and the engine is created on a thread of its own
+  // (see preparing_), so the caller goes on at once. Several: collective, on this thread.
   Status Prepare(const TensorRegistry& registry, uint64_t reserve_bytes) {
     if (closed_) return Status::FailedPrecondition("the checkpointer is closed");
     if (MultiProcess()) return StartAcrossRanks(registry);
+    if (Status earlier = AwaitPreparation(); !earlier.ok()) LogWarning(earlier.ToString());
     // Preparing announces saves: a deferred start (lock, clean-up, quarantine) happens here.
     RETURN_IF_ERROR(StartIfDeferred());
     ASSIGN_OR_RETURN(SnapshotPlan plan, PlanSnapshot(registry, core_->engine_options(), "prepare"));
+    RETURN_IF_ERROR(StagingBudget(plan.staging, core_->options(), mode_).status());
     reserve_bytes_ = std::max(reserve_bytes_, reserve_bytes);
-    return PrepareEngine(registry, plan);
+    preparing_ = std::async(std::launch::async, [this, registry, plan = std::move(plan)] {
+      return PrepareEngine(registry, plan);
+    });
+    return Status::OK();
   }
 
   Result<bool> Save(int64_t step, const TensorRegistry& registry,
@@ -117,6 +129,9 @@ class Checkpointer::Impl {
     const auto started = SteadyClock::now();
     if (closed_) return Status::FailedPrecondition("the checkpointer is closed");
     if (MultiProcess()) return SaveAcrossRanks(step, registry, user_metadata, started);
+    // A failed preparation is only logged: PrepareEngine below tries again, and returns its
+    // own error if it fails too.
+    if (Status prepared = AwaitPreparation(); !prepared.ok()) LogWarning(prepared.ToString());
     RETURN_IF_ERROR(StartIfDeferred());
     RETURN_IF_ERROR(core_->Deliver(nullptr));
     const SaverOptions& options = core_->options();
@@ -144,6 +159,7 @@ class Checkpointer::Impl {
   // In a multi-process job every rank returns the same status, and only once rank 0 has
   // committed and listed every save: the ranks agree after waiting (collective).
   Status WaitUntilFinished() {
+    if (Status prepared = AwaitPreparation(); !prepared.ok()) LogWarning(prepared.ToString());
     const Status waited = core_->WaitUntilSaved();
     return MultiProcess() && started_ ? AgreeStarted(core_->options(), waited) : waited;
   }
@@ -153,6 +169,7 @@ class Checkpointer::Impl {
   }
 
   Status Close() {
+    if (Status prepared = AwaitPreparation(); !prepared.ok()) LogWarning(prepared.ToString());
     if (closed_) return core_->WaitUntilSaved();
     closed_ = true;
     // Every save is durable or failed: the directory is free for the next job (or for another
@@ -283,8 +300,19 @@ class Checkpointer::Impl {
     return core_->CreateEngine(&registry_, plan, engine_options);
   }
 
+  // The preparation's outcome; OK when none was started or it was awaited already.
+  Status AwaitPreparation() {
+    if (!preparing_.valid()) return Status::OK();
+    return preparing_.get().WithContext("preparing the engine and its staging in the background");
+  }
+
   std::unique_ptr<SaverCore> core_;
   const SaveMode mode_;
+  // Creating the engine touches and registers every page of staging: seconds per GiB, which
+  // the training thread should not wait for before its first save. Save, wait_until_finished,
+  // close and a later prepare await it; due() reads only the schedule and the read-only calls
+  // only the storage started before it, so they do not.
+  std::future<Status> preparing_;
   TensorRegistry registry_;  // what the engine borrows; replaced between submits
   const Device* staging_device_ = nullptr;
   uint64_t reserve_bytes_ = 0;  // staging asked for by prepare(), kept by later engines

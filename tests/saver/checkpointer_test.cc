@@ -263,6 +263,7 @@ TEST_P(CheckpointerTest, PrepareCreatesStagingOnceAndTheSavesOfAGrowingStateReus
   ASSERT_NE(checkpointer, nullptr);
   SetState(1);
   ASSERT_TRUE(checkpointer->prepare(Registry(), /*reserve_bytes=*/1 << 20).ok());
+  ASSERT_TRUE(checkpointer->wait_until_finished().ok());  // the engine is made in the background
   const double startup = checkpointer->totals().startup_seconds;
   EXPECT_GT(startup, 0);
   ASSERT_TRUE(checkpointer->save(1, Registry()).ok());
