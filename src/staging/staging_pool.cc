@@ -1,8 +1,24 @@
 #include "src/staging/staging_pool.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 
 namespace asyncckpt {
+namespace {
+
+// Faults in every page of [data, data + bytes) for writing. One madvise takes the faults in the
+// kernel, without a trap per page, which costs a virtual machine most (Linux 5.14 and later);
+// where it is refused (an older kernel), a write per page.
+void FaultInForWriting(uint8_t* data, uint64_t bytes, uint64_t page_bytes) {
+  if (bytes == 0) return;
+#ifdef MADV_POPULATE_WRITE
+  if (madvise(data, bytes, MADV_POPULATE_WRITE) == 0) return;
+#endif
+  for (uint64_t offset = 0; offset < bytes; offset += page_bytes) data[offset] = 0;
+}
+
+}  // namespace
 
 StagingLease& StagingLease::operator=(StagingLease&& other) noexcept {
   if (this != &other) {
@@ -114,10 +130,7 @@ Status StagingPool::Prepare() {
   std::lock_guard lock(mu_);
   const bool fresh = region_.data() == nullptr;
   if (Status status = EnsureRegionLocked(); !status.ok()) return status;
-  if (fresh) {
-    auto* bytes = static_cast<uint8_t*>(region_.data());
-    for (uint64_t offset = 0; offset < budget_; offset += kPageBytes) bytes[offset] = 0;
-  }
+  if (fresh) FaultInForWriting(static_cast<uint8_t*>(region_.data()), budget_, kPageBytes);
   return Status::OK();
 }
 
