@@ -4,7 +4,7 @@ orders the optimizer's update after them, and the step pre-hook that places that
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import _core
 
@@ -14,7 +14,15 @@ if TYPE_CHECKING:
     import torch
     from torch.utils.hooks import RemovableHandle
 
-    from .manager import CheckpointManager
+
+class UpdateWaiter(Protocol):
+    """What orders an optimizer's update after its snapshot copies: the manager, the Stager."""
+
+    def wait_for_snapshot_copies(self) -> None:
+        """Makes the current streams wait for the copies so far."""
+
+    def _update_wait_removed(self) -> None:
+        """One UpdateWaitHandle fewer."""
 
 
 def check_gpu_visible() -> None:
@@ -54,10 +62,10 @@ def wait_on_current_streams(ordinals: Iterable[int]) -> None:
 
 
 class UpdateWaitHandle:
-    """What ``CheckpointManager.wait_before_update`` returns; ``remove()`` takes the wait off
-    the optimizer's step (and the manager's saves wait right after the copy again)."""
+    """What ``wait_before_update`` (of the manager or the Stager) returns; ``remove()`` takes the
+    wait off the optimizer's step (and the saves wait right after the copy again)."""
 
-    def __init__(self, manager: CheckpointManager, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, manager: UpdateWaiter, optimizer: torch.optim.Optimizer) -> None:
         self._manager = weakref.ref(manager)
         self._active = True
         self._torch_handle: RemovableHandle = optimizer.register_step_pre_hook(self._pre_hook)

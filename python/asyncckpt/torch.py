@@ -22,6 +22,7 @@ a model out of any of them.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import io
 import json
@@ -55,7 +56,7 @@ from torch.distributed.checkpoint.storage import StorageWriter as _DcpStorageWri
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from . import _coordination, _core, _dtypes, _logging, _tree
+from . import _coordination, _core, _dtypes, _logging, _streams, _tree
 from .manager import _saver_options
 
 StrPath = Union[str, "os.PathLike[str]"]
@@ -418,19 +419,50 @@ class Stager(AsyncStager):
     """An AsyncStager for ``dcp.async_save(..., async_stager=Stager())``: copies the state into
     staging buffers it keeps across saves (pinned where CUDA is, so a GPU's copy is a DMA), so
     ``async_save`` blocks for that copy alone after the first save. DTensors stay DTensors (their
-    local shards copied). Call ``close()`` after the last save."""
+    local shards copied). Call ``close()`` after the last save.
+
+    ``cuda_stream_ordered=True`` (CUDA tensors): ``stage`` returns once the copies of GPU memory
+    are enqueued on a side stream of each GPU, ordered after the work queued on its current
+    stream, and hands DCP a future that the writer waits for; ``async_save`` then returns an
+    AsyncSaveResponse whose ``staging_completion`` says when the copies are done. The update
+    that changes the state must wait for them: ``wait_before_update(optimizer)`` places that
+    wait (on the GPU; the host goes on) before each ``optimizer.step()``; without it, ``stage``
+    makes the current streams wait at once. RuntimeError when no GPU is visible.
+    """
 
     _synchronize_after_execute: bool = False
 
-    def __init__(self) -> None:
+    def __init__(self, *, cuda_stream_ordered: bool = False) -> None:
+        if cuda_stream_ordered and not torch.cuda.is_available():
+            raise RuntimeError("Stager(cuda_stream_ordered=True) needs a CUDA GPU, and torch "
+                               "sees none")
+        self._stream_ordered = cuda_stream_ordered
         self._buffers: dict[tuple[str, ...], torch.Tensor] = {}
         self._events: list[Any] = []
+        self._side_streams: dict[int, Any] = {}  # GPU ordinal -> the stream its copies run on
+        self._ordered: set[int] = set()  # GPUs whose side stream follows the current one now
+        self._copies: dict[int, Any] = {}  # GPU ordinal -> the event of its last stage's copies
+        self._update_waits = 0
+        self._waiter: concurrent.futures.ThreadPoolExecutor | None = None
 
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        """A copy of ``state_dict`` whose tensors live in this stager's buffers."""
+    def stage(self, state_dict: dict[str, Any]
+              ) -> dict[str, Any] | concurrent.futures.Future[dict[str, Any]]:
+        """A copy of ``state_dict`` whose tensors live in this stager's buffers; stream-ordered,
+        a future of it, done once the GPU copies are."""
+        self._ordered.clear()
         staged = self._stage(state_dict, ())
         assert isinstance(staged, dict)
-        return staged
+        if not self._stream_ordered:
+            return staged
+        recorded = {ordinal: self._side_streams[ordinal].record_event()
+                    for ordinal in self._ordered}
+        self._copies.update(recorded)
+        if not self._update_waits:
+            self.wait_for_snapshot_copies()
+        if self._waiter is None:
+            self._waiter = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="asyncckpt-stager")
+        return self._waiter.submit(_after_events, list(recorded.values()), staged)
 
     def _stage(self, value: Any, path: tuple[str, ...]) -> Any:
         if isinstance(value, dict):
@@ -453,24 +485,75 @@ class Stager(AsyncStager):
                                       stride=tensor.stride())
         key = path + (str(tuple(tensor.shape)), str(tensor.dtype))
         buffer = self._buffers.get(key)
+        on_gpu = tensor.device.type == "cuda"
         if buffer is None:
-            buffer = torch.empty(tensor.shape, dtype=tensor.dtype,
-                                 pin_memory=tensor.device.type == "cuda")
+            buffer = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=on_gpu)
             self._buffers[key] = buffer
-        buffer.copy_(tensor.detach(), non_blocking=tensor.device.type == "cuda")
-        if tensor.device.type == "cuda":
+        if on_gpu and self._stream_ordered:
+            self._copy_on_side_stream(tensor, buffer)
+            return buffer
+        buffer.copy_(tensor.detach(), non_blocking=on_gpu)
+        if on_gpu:
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch's stub lacks it
             event.record()
             self._events.append(event)
         return buffer
+
+    def _copy_on_side_stream(self, tensor: torch.Tensor, buffer: torch.Tensor) -> None:
+        """Enqueues the copy on the GPU's side stream, after the work queued so far on its
+        current stream (the step that computed ``tensor``)."""
+        ordinal = tensor.device.index if tensor.device.index is not None else \
+            torch.cuda.current_device()
+        stream = self._side_streams.get(ordinal)
+        if stream is None:
+            stream = torch.cuda.Stream(device=ordinal)  # type: ignore[no-untyped-call]
+            self._side_streams[ordinal] = stream
+        if ordinal not in self._ordered:
+            stream.wait_stream(torch.cuda.current_stream(ordinal))
+            self._ordered.add(ordinal)
+        with torch.cuda.stream(stream):
+            buffer.copy_(tensor.detach(), non_blocking=True)
+        # The caching allocator must not hand the source's memory out before the copy read it.
+        tensor.record_stream(stream)
+
+    def wait_for_snapshot_copies(self) -> None:
+        """Makes each GPU's current stream wait (on the GPU; the host goes on) for the copies
+        of the stream-ordered stages so far. Call it right before the state changes, or let
+        ``wait_before_update`` call it."""
+        copies, self._copies = self._copies, {}
+        for ordinal, event in copies.items():
+            torch.cuda.current_stream(ordinal).wait_event(event)
+
+    def wait_before_update(self, optimizer: torch.optim.Optimizer) -> _streams.UpdateWaitHandle:
+        """Registers an ``optimizer.step()`` pre-hook that calls ``wait_for_snapshot_copies``,
+        so the copies overlap the forward and backward passes, which only read the state.
+        Returns a handle; its ``remove()`` takes the hook off."""
+        handle = _streams.UpdateWaitHandle(self, optimizer)
+        self._update_waits += 1
+        return handle
+
+    def _update_wait_removed(self) -> None:
+        self._update_waits -= 1
 
     def synchronize_staging(self) -> None:
         """Waits for the GPU copies of the last stage()."""
         events, self._events = self._events, []
         for event in events:
             event.synchronize()
+        for stream in self._side_streams.values():
+            stream.synchronize()
 
     def close(self) -> None:
-        """Drops the buffers."""
+        """Waits for the copies and drops the buffers."""
         self.synchronize_staging()
+        if self._waiter is not None:
+            self._waiter.shutdown(wait=True)
+            self._waiter = None
         self._buffers.clear()
+
+
+def _after_events(events: list[Any], staged: dict[str, Any]) -> dict[str, Any]:
+    """``staged`` once every event has completed: on the stager's own thread, for DCP's writer."""
+    for event in events:
+        event.synchronize()
+    return staged
