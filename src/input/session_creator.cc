@@ -217,8 +217,8 @@ class CheckpointSessionCreator::Impl {
       return Status::OK();
     }
     if (found.past_step_zero(/*count_input=*/!job_start)) {
-      const std::string what =
-          options_.checkpoint_dir + " holds " + DescribeFound(found) + " but " + WhatIsMissing();
+      const std::string what = options_.checkpoint_dir + " holds " + DescribeFound(found) +
+                               " but " + WhatIsMissing(found);
       if (!options_.allow_fresh_start) {
         return Status::FailedPrecondition(
             what +
@@ -233,11 +233,18 @@ class CheckpointSessionCreator::Impl {
     return Status::OK();
   }
 
-  std::string WhatIsMissing() const {
-    if (paired()) {
-      return "no step with both a model and an input checkpoint listed in their state files";
+  // Names the partner the newest model checkpoint lacks: that is the one a user restores.
+  std::string WhatIsMissing(const Found& found) const {
+    if (!paired())
+      return "its state file '" + std::string(kCheckpointStateFileName) + "' names none";
+    std::string what =
+        "no step with both a model and an input checkpoint listed in their state files";
+    if (!found.model.empty()) {
+      const int64_t newest = *found.model.rbegin();
+      what += " (the newest, " + format::CheckpointDirName(options_.model_basename, newest) +
+              ", has no " + format::CheckpointDirName(options_.input_basename, newest) + ")";
     }
-    return "its state file '" + std::string(kCheckpointStateFileName) + "' names none";
+    return what;
   }
 
   std::string DescribeFound(const Found& found) const {

@@ -242,6 +242,8 @@ TEST_F(SessionCreatorTest, ModelCheckpointsWithoutAnInputPartnerFailLoudlyNaming
   EXPECT_NE(message.find(dir_), std::string::npos) << message;
   EXPECT_NE(message.find("model.ckpt-0, model.ckpt-4 and model.ckpt-8"), std::string::npos)
       << message;
+  EXPECT_NE(message.find("the newest, model.ckpt-8, has no input.ckpt-8"), std::string::npos)
+      << message;
   EXPECT_NE(message.find("allow_fresh_start"), std::string::npos) << message;
   EXPECT_EQ(inits_, 0);
   EXPECT_TRUE(HoldsState(-1));  // untouched
