@@ -15,6 +15,7 @@ from . import (
     _dtypes,
     _logging,
     _pickled,
+    _prefault,
     _resume,
     _saves,
     _stateful,
@@ -578,7 +579,7 @@ def _load_from(reader: _core.Reader) -> object:
         state = tensors
     else:
         state = _tree.build(tree, [], plan)
-    reader.read_into(plan.specs, plan.boxes)
+    _prefault.read_into_new_memory(reader, plan.specs, plan.boxes)
     plan.finish()
     return state
 
