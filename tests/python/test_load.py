@@ -4,6 +4,7 @@ tests make the batches small, show that the pages were faulted in and the reads 
 check that what comes back is what was saved, bit for bit; never how fast it is."""
 
 import mmap
+import re
 import resource
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 import asyncckpt
-from asyncckpt import _prefault
+from asyncckpt import _core, _prefault
 
 MIB = 1 << 20
 
@@ -167,3 +168,95 @@ def test_a_fresh_mapping_without_populate_faults_on_every_page():
     assert faults >= 8 * MIB // mmap.PAGESIZE // 2
     del array
     mapping.close()
+
+
+# ---- map_location (issue 32 item 4) -----------------------------------------------------------
+
+
+@pytest.fixture
+def mixed(ckpt_dir):
+    """A checkpoint of a torch tensor, a bfloat16 one, a NumPy array and a value."""
+    state = {"w": torch.arange(6, dtype=torch.float32).reshape(2, 3),
+             "h": torch.ones(4, dtype=torch.bfloat16), "n": np.arange(3, dtype=np.int16),
+             "step": 7}
+    return save(ckpt_dir, state), state
+
+
+@pytest.mark.parametrize("location", ["cpu", torch.device("cpu"), "cpu:0"])
+def test_map_location_cpu_puts_tensors_on_the_cpu_and_leaves_arrays_numpy(mixed, location):
+    path, state = mixed
+    loaded = asyncckpt.load(path, map_location=location)
+    assert loaded["w"].device == torch.device("cpu") and torch.equal(loaded["w"], state["w"])
+    assert loaded["h"].dtype == torch.bfloat16 and torch.equal(loaded["h"], state["h"])
+    assert isinstance(loaded["n"], np.ndarray) and loaded["n"].tolist() == [0, 1, 2]
+    assert loaded["step"] == 7
+
+
+def test_the_managers_load_takes_map_location_too(ckpt_dir):
+    with asyncckpt.CheckpointManager(ckpt_dir, asynchronous=False) as manager:
+        manager.save(3, {"w": torch.full((5,), 2.5)})
+        loaded = manager.load(map_location=torch.device("cpu"))
+        with pytest.raises(ValueError, match="'tpu'"):
+            manager.load(map_location="tpu")
+    assert torch.equal(loaded["w"], torch.full((5,), 2.5))
+
+
+def test_a_directory_loads_with_map_location(mixed, ckpt_dir):
+    loaded = asyncckpt.load(ckpt_dir, map_location="cpu")
+    assert torch.equal(loaded["w"], mixed[1]["w"])
+
+
+@pytest.mark.parametrize("location", ["gpu", "cuda:x", ""])
+def test_a_string_that_is_no_device_is_a_value_error_naming_it(mixed, location):
+    with pytest.raises(ValueError, match=f"map_location={location!r} is not a device"):
+        asyncckpt.load(mixed[0], map_location=location)
+
+
+def test_a_device_asyncckpt_cannot_read_into_is_refused_by_name(mixed):
+    with pytest.raises(ValueError, match="'meta'.*not a meta device"):
+        asyncckpt.load(mixed[0], map_location="meta")
+
+
+@pytest.mark.parametrize("location", [{"cuda:1": "cuda:0"}, lambda storage, where: storage, 0])
+def test_a_dict_a_function_or_a_number_is_a_type_error(mixed, location):
+    with pytest.raises(TypeError, match="map_location"):
+        asyncckpt.load(mixed[0], map_location=location)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+@pytest.mark.parametrize("location", ["cuda", "cuda:0", torch.device("cuda", 1)])
+def test_a_gpu_that_is_not_there_is_refused_before_anything_is_read(mixed, location,
+                                                                     monkeypatch):
+    def never(*args, **kwargs):
+        raise AssertionError("the checkpoint was opened")
+
+    monkeypatch.setattr(_core, "open_reader", never)
+    monkeypatch.setattr(_core, "find_resume_checkpoints", never)
+    with pytest.raises(AssertionError, match="was opened"):  # the spies see a load that reads
+        asyncckpt.load(mixed[0], map_location="cpu")
+    with pytest.raises(ValueError, match=re.escape(f"map_location={location!r}: no CUDA GPU")):
+        asyncckpt.load(mixed[0], map_location=location)
+    with pytest.raises(ValueError, match="no CUDA GPU"):
+        asyncckpt.load(mixed[0].rsplit("/", 1)[0], map_location=location)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_map_location_cuda_loads_torch_tensors_onto_the_gpu(mixed):
+    path, state = mixed
+    loaded = asyncckpt.load(path, map_location="cuda:0")
+    assert loaded["w"].device == torch.device("cuda", 0)
+    assert torch.equal(loaded["w"].cpu(), state["w"])
+    assert loaded["h"].device == torch.device("cuda", 0)
+    assert torch.equal(loaded["h"].cpu(), state["h"])
+    assert isinstance(loaded["n"], np.ndarray) and loaded["n"].tolist() == [0, 1, 2]
+    count = torch.cuda.device_count()
+    with pytest.raises(ValueError, match=f"there is no cuda:{count}"):
+        asyncckpt.load(path, map_location=f"cuda:{count}")
+
+
+def test_a_gpu_that_is_not_there_with_a_working_torch_cuda_is_named(mixed, monkeypatch):
+    # The index check, on a machine without a GPU: torch says one is there.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=r"there is no cuda:3; torch sees 1 GPU \(cuda:0"):
+        asyncckpt.load(mixed[0], map_location="cuda:3")
