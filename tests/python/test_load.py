@@ -3,9 +3,11 @@ faulted in ahead of the reader, on threads of their own, and the reads go in bat
 tests make the batches small, show that the pages were faulted in and the reads batched, and
 check that what comes back is what was saved, bit for bit; never how fast it is."""
 
+import itertools
 import mmap
 import re
 import resource
+import threading
 
 import numpy as np
 import pytest
@@ -20,15 +22,20 @@ MIB = 1 << 20
 @pytest.fixture
 def spied(monkeypatch):
     """Small batches and pieces, and a record of every read_into call and every page range
-    faulted in ahead of it."""
+    faulted in ahead of it. With ``record["wait_ahead"]`` set, the first read_into waits (on
+    an event, up to a minute) until the fault threads have faulted in every later batch."""
     monkeypatch.setattr(_prefault, "BATCH_BYTES", 2 * MIB)
     monkeypatch.setattr(_prefault, "PIECE_BYTES", MIB)
-    record = {"reads": [], "faulted": []}
+    record = {"reads": [], "faulted": [], "later": set(), "wait_ahead": False}
+    ahead = threading.Event()
     populate = _prefault.populate
 
     def spy_populate(address, nbytes):
+        done = populate(address, nbytes)
         record["faulted"].append((address, nbytes))
-        return populate(address, nbytes)
+        if record["later"] <= set(record["faulted"]):
+            ahead.set()
+        return done
 
     monkeypatch.setattr(_prefault, "populate", spy_populate)
     original = _prefault.read_into_new_memory
@@ -38,11 +45,19 @@ def spied(monkeypatch):
             self._reader = reader
 
         def read_into(self, specs, boxes):
+            if record["wait_ahead"] and not record["reads"]:
+                assert ahead.wait(60), "the fault threads did not go ahead of the reader"
             record["reads"].append([spec[0] for spec in specs])
             self._reader.read_into(specs, boxes)
 
-    monkeypatch.setattr(_prefault, "read_into_new_memory",
-                        lambda reader, specs, boxes: original(SpyReader(reader), specs, boxes))
+    def spy_read(reader, specs, boxes):
+        later = [spec for run in _prefault.batches(specs)[1:] for spec in run]
+        record["later"] = set(_prefault.pieces(later))
+        if not record["later"]:
+            ahead.set()
+        original(SpyReader(reader), specs, boxes)
+
+    monkeypatch.setattr(_prefault, "read_into_new_memory", spy_read)
     return record
 
 
@@ -69,7 +84,14 @@ def save(ckpt_dir, state):
         return manager.checkpoint_path(1)
 
 
-def test_large_tensors_come_back_bit_exact_read_in_batches_after_their_pages(ckpt_dir, spied):
+def address_and_size(value):
+    if isinstance(value, np.ndarray):
+        return value.__array_interface__["data"][0], value.nbytes
+    return value.data_ptr(), value.numel() * value.element_size()
+
+
+def test_large_tensors_come_back_bit_exact_the_later_batches_faulted_in_ahead(ckpt_dir,
+                                                                             spied):
     state = {
         "f32": random_bits((3 * MIB // 4,), torch.float32, 1),  # 3 MiB: three pieces
         "bf16": random_bits((1024, 1024), torch.bfloat16, 2),  # 2 MiB
@@ -77,23 +99,42 @@ def test_large_tensors_come_back_bit_exact_read_in_batches_after_their_pages(ckp
         "numpy": random_bits((2 * MIB,), torch.uint8, 4).numpy(),
         "small": random_bits((10,), torch.float32, 5),  # below MIN_PREFAULT_BYTES
     }
+    spied["wait_ahead"] = True
     loaded = asyncckpt.load(save(ckpt_dir, state))
     assert set(loaded) == set(state)
     for key, value in state.items():
         assert same_bits(value, loaded[key]), key
-    assert len(spied["reads"]) >= 3, "the path under test reads in several batches"
-    assert sorted(name for batch in spied["reads"] for name in batch) == sorted(state)
-    # Every byte of every large destination was faulted in, and nothing of the small one.
-    large = {key: value for key, value in loaded.items() if key != "small"}
-    for key, value in large.items():
-        address = (value.__array_interface__["data"][0] if isinstance(value, np.ndarray)
-                   else value.data_ptr())
-        nbytes = (value.nbytes if isinstance(value, np.ndarray)
-                  else value.numel() * value.element_size())
-        covered = sum(n for a, n in spied["faulted"] if address <= a < address + nbytes)
-        assert covered == nbytes, key
-    assert not any(loaded["small"].data_ptr() <= a < loaded["small"].data_ptr() + 40
-                   for a, _ in spied["faulted"])
+    # Batches of 2 (f32 alone is more), 4 and 8 MiB, in the saved order.
+    assert [sorted(batch) for batch in spied["reads"]] == [["f32"], ["bf16", "f64"],
+                                                          ["numpy", "small"]]
+    # The fault threads faulted every byte of the later batches' large tensors in while the
+    # reader was on the first, and touched no memory but the large destinations.
+    for key in ("bf16", "f64", "numpy"):
+        address, nbytes = address_and_size(loaded[key])
+        assert sum(n for a, n in spied["faulted"] if address <= a < address + nbytes) == nbytes
+    ranges = [address_and_size(loaded[key]) for key in ("f32", "bf16", "f64", "numpy")]
+    for a, n in spied["faulted"]:
+        assert any(start <= a and a + n <= start + size for start, size in ranges)
+
+
+def test_pieces_cover_the_large_host_tensors_exactly_and_nothing_else(monkeypatch):
+    monkeypatch.setattr(_prefault, "PIECE_BYTES", MIB)
+    specs = [("big", "f32", [3], 1 << 30, 3 * MIB + 5, None),
+             ("small", "f32", [3], 5 << 30, MIB - 1, None),
+             ("gpu", "f32", [3], 7 << 30, 64 * MIB, 0)]
+    pieces = _prefault.pieces(specs)
+    assert pieces[0][0] == 1 << 30
+    assert all(a + n == b for (a, n), (b, _) in itertools.pairwise(pieces))
+    assert sum(n for _, n in pieces) == 3 * MIB + 5
+    assert [n for _, n in pieces] == [MIB, MIB, MIB, 5]
+
+
+def test_batches_double_and_keep_the_order(monkeypatch):
+    monkeypatch.setattr(_prefault, "BATCH_BYTES", 100)
+    specs = [(f"t{i}", "u8", [50], 4096 * i, 50, None) for i in range(15)]
+    runs = _prefault.batches(specs)
+    assert [len(run) for run in runs] == [2, 4, 8, 1]
+    assert [spec for run in runs for spec in run] == specs
 
 
 def test_tied_non_contiguous_zero_dim_and_empty_tensors_come_back_as_saved(ckpt_dir, spied):
