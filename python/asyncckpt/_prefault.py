@@ -124,11 +124,11 @@ def read_into_new_memory(reader: _core.Reader, specs: Sequence[_core.TensorSpec]
     faults taken ahead of the reads on other threads. Only for memory no one else sees yet: a
     failure leaves the batches before it read.
 
-    The reader never waits for the fault threads: when it reaches a batch, the pieces of it
-    that no thread has started are dropped and the reader faults those pages itself, as it
-    would without this (so the first batch costs what it did, while the threads go ahead).
-    A piece still running beside the reader is harmless: a page is faulted in once, by either,
-    and never zeroed again once present."""
+    The calling thread does not idle while the fault threads work: when it reaches a batch, it
+    faults in the pieces of it that no thread has started itself (with the same madvise, which
+    measured faster here than the faults the reader takes as it registers its destinations:
+    about 0.15 s per 256 MiB against 0.6-0.8 s), waits for those under way, then reads.
+    So the first batch is faulted in by this thread while the fault threads go ahead."""
     host = sum(spec[4] for spec in specs if spec[5] is None)
     if host < MIN_PREFAULT_BYTES or _libc_madvise() is None:
         reader.read_into(list(specs), boxes)
@@ -136,14 +136,18 @@ def read_into_new_memory(reader: _core.Reader, specs: Sequence[_core.TensorSpec]
     runs = batches(specs)
     with concurrent.futures.ThreadPoolExecutor(fault_threads(),
                                                thread_name_prefix="asyncckpt-fault") as pool:
-        faulted = [[pool.submit(_fault_in, *piece) for piece in pieces(run)] for run in runs]
+        faulted = [[(piece, pool.submit(_fault_in, *piece)) for piece in pieces(run)]
+                   for run in runs]
         try:
             for run, own in zip(runs, faulted):
-                for piece in own:
-                    piece.cancel()
+                for piece, future in own:
+                    if future.cancel():
+                        _fault_in(*piece)
+                    else:
+                        future.result()
                 reader.read_into(run, {spec[0]: boxes[spec[0]] for spec in run
                                        if spec[0] in boxes})
         finally:
-            for futures in faulted:
-                for future in futures:
+            for own in faulted:
+                for _, future in own:
                     future.cancel()

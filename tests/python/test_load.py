@@ -26,13 +26,14 @@ def spied(monkeypatch):
     an event, up to a minute) until the fault threads have faulted in every later batch."""
     monkeypatch.setattr(_prefault, "BATCH_BYTES", 2 * MIB)
     monkeypatch.setattr(_prefault, "PIECE_BYTES", MIB)
-    record = {"reads": [], "faulted": [], "later": set(), "wait_ahead": False}
+    record = {"reads": [], "faulted": [], "threads": {}, "later": set(), "wait_ahead": False}
     ahead = threading.Event()
     populate = _prefault.populate
 
     def spy_populate(address, nbytes):
         done = populate(address, nbytes)
         record["faulted"].append((address, nbytes))
+        record["threads"][address, nbytes] = threading.get_ident()
         if record["later"] <= set(record["faulted"]):
             ahead.set()
         return done
@@ -107,11 +108,14 @@ def test_large_tensors_come_back_bit_exact_the_later_batches_faulted_in_ahead(ck
     # Batches of 2 (f32 alone is more), 4 and 8 MiB, in the saved order.
     assert [sorted(batch) for batch in spied["reads"]] == [["f32"], ["bf16", "f64"],
                                                           ["numpy", "small"]]
-    # The fault threads faulted every byte of the later batches' large tensors in while the
-    # reader was on the first, and touched no memory but the large destinations.
-    for key in ("bf16", "f64", "numpy"):
+    # Every byte of the large tensors was faulted in ahead of its read, once; the later
+    # batches' by the fault threads while the reader was on the first; no memory but the
+    # large destinations was touched.
+    for key in ("f32", "bf16", "f64", "numpy"):
         address, nbytes = address_and_size(loaded[key])
         assert sum(n for a, n in spied["faulted"] if address <= a < address + nbytes) == nbytes
+    assert len(set(spied["faulted"])) == len(spied["faulted"])
+    assert all(spied["threads"][piece] != threading.get_ident() for piece in spied["later"])
     ranges = [address_and_size(loaded[key]) for key in ("f32", "bf16", "f64", "numpy")]
     for a, n in spied["faulted"]:
         assert any(start <= a and a + n <= start + size for start, size in ranges)
