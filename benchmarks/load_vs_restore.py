@@ -16,7 +16,8 @@ round, in an order that rotates from round to round:
                     registers the destinations
 
 --cold drops the page cache before each timed call (all of it as root, else the checkpoint's
-files). Prints every round and the medians, and load's median over restore's: the target is
+files); with O_DIRECT reads (the default) the data files never enter the page cache, so both
+modes read them from the disk and --cold drops the index and what else is cached. Prints every round and the medians, and load's median over restore's: the target is
 load <= 1.25 x restore. The first load is checked bit for bit against the restored state.
 Figures are reported, never asserted; the 1-minute load average is printed beside each.
 """
