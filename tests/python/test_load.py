@@ -3,10 +3,13 @@ faulted in ahead of the reader, on threads of their own, and the reads go in bat
 tests make the batches small, show that the pages were faulted in and the reads batched, and
 check that what comes back is what was saved, bit for bit; never how fast it is."""
 
+import argparse
+import importlib.util
 import itertools
 import mmap
 import re
 import resource
+import sys
 import threading
 
 import numpy as np
@@ -15,6 +18,7 @@ import torch
 
 import asyncckpt
 from asyncckpt import _core, _prefault
+from conftest import SOURCE_DIR
 
 MIB = 1 << 20
 
@@ -305,3 +309,44 @@ def test_a_gpu_that_is_not_there_with_a_working_torch_cuda_is_named(mixed, monke
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ValueError, match=r"there is no cuda:3; torch sees 1 GPU \(cuda:0"):
         asyncckpt.load(mixed[0], map_location="cuda:3")
+
+
+# ---- benchmarks/load_vs_restore.py: it runs, and its report says what it measured ------------
+
+
+@pytest.fixture
+def bench():
+    path = SOURCE_DIR / "benchmarks" / "load_vs_restore.py"
+    spec = importlib.util.spec_from_file_location("load_vs_restore", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("bench_proc", None)
+
+
+@pytest.mark.parametrize(("text", "size"), [("2GiB", 2 << 30), ("512MiB", 512 << 20),
+                                            ("1.5g", 3 << 29), ("4096", 4096)])
+def test_the_benchmark_reads_sizes(bench, text, size):
+    assert bench.parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["2 parsecs", "GiB", "-1GiB"])
+def test_the_benchmark_refuses_a_size_it_cannot_read(bench, text):
+    with pytest.raises(argparse.ArgumentTypeError, match=re.escape(repr(text))):
+        bench.parse_size(text)
+
+
+def test_the_benchmark_writes_a_row_per_round_and_the_ratio_of_the_medians(bench, tmp_path):
+    out = tmp_path / "load.md"
+    bench.main(["--size", "8MiB", "--tensors", "4", "--rounds", "3", "--dir", str(tmp_path),
+                "--with-reader-faults", "--out", str(out)])
+    text = out.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + 3 + 1  # header, rounds, median
+    assert "load_in_reader s" in rows[0]
+    for row in rows[1:]:
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert len(cells) == 5 and all(float(cell.split()[0]) > 0 for cell in cells[1:])
+    ratio = rows[-1].strip("|").split("|")[-1].strip()
+    assert f"load / restore (medians): {ratio}, target <= 1.25" in text
+    assert not (tmp_path / "load-vs-restore").exists()
