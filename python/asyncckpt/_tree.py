@@ -462,6 +462,8 @@ class Plan:
         self.whole: set[int] = set()
         self.missing: list[str] = []  # template positions the checkpoint lacks
         self.boxes: dict[str, tuple[list[int], list[int]]] = {}  # shards read: name -> box
+        # Where new torch tensors go (load's map_location, checked): None for the CPU.
+        self.device: torch.device | None = None
 
     def read(self, name: str, canonical: str, node_shape: list[int], array: Array, address: int,
              cuda: int | None, box: tuple[list[int], list[int]] | None = None) -> None:
@@ -495,8 +497,9 @@ def _copy(destination: Array, source: Array) -> None:
         destination.copy_(torch.as_tensor(source))
 
 
-def new_array(node: Node, where: str) -> Array:
-    """An empty tensor or array for a tensor node (on the CPU)."""
+def new_array(node: Node, where: str, device: torch.device | None = None) -> Array:
+    """An empty tensor or array for a tensor node: a torch tensor on ``device`` (the CPU when
+    None), a NumPy array in host memory."""
     canonical = node_canonical(node)
     if node["k"] == "torch":
         import torch  # a torch tensor is rebuilt as one, whether the program imported torch or not
@@ -505,7 +508,7 @@ def new_array(node: Node, where: str) -> Array:
         if dtype is None:
             raise TypeError(f"tensor at {where} has dtype {canonical}, which this torch "
                             f"({torch.__version__}) lacks")
-        return torch.empty(node["sh"], dtype=dtype)
+        return torch.empty(node["sh"], dtype=dtype, device=device)
     if node["k"] == "jax":  # comes back as NumPy (ml_dtypes' for bfloat16 and float8)
         return np.empty(node["sh"], dtype=_dtypes.numpy_or_ml_dtype(canonical))
     return np.empty(node["sh"], dtype=np.dtype(node["dt"]).newbyteorder("="))
@@ -520,10 +523,12 @@ def _address(array: Array) -> int:
 def build(node: Node, names: list[str], plan: Plan) -> object:
     """A new object for `node`; its tensors are read by the plan."""
     if "T" in node:
-        array = new_array(node, _where(names))
+        where = _where(names)
+        array = new_array(node, where, plan.device)
         canonical = node_canonical(node)
+        cuda = None if isinstance(array, np.ndarray) else _cuda_ordinal(array, where)
         plan.read(node["T"], canonical, _stored_shape(node, canonical), array, _address(array),
-                  None)
+                  cuda)
         # A NumPy node's dtype is NumPy's dtype.str, which carries the byte order.
         if isinstance(array, np.ndarray) and not np.dtype(node["dt"]).isnative:
             # Read in native order; handed back in the byte order it was saved with.

@@ -13,8 +13,10 @@ from . import (
     _coordination,
     _core,
     _dtypes,
+    _location,
     _logging,
     _pickled,
+    _prefault,
     _resume,
     _saves,
     _stateful,
@@ -503,15 +505,18 @@ class CheckpointManager:
                 + ". Inspect them (asyncckpt verify), restore a good copy, or delete them or "
                 "pass allow_fresh_start=True to train from step 0")
 
-    def load(self, step: int | None = None, *, allow_pickle: bool = False) -> Any:
-        """A new state from checkpoint ``step`` (the latest when None), as asyncckpt.load.
+    def load(self, step: int | None = None, *, allow_pickle: bool = False,
+             map_location: object = None) -> Any:
+        """A new state from checkpoint ``step`` (the latest when None), as asyncckpt.load
+        (``map_location`` too).
 
         Past a damaged latest checkpoint as restore(). FileNotFoundError only when there was
         never a checkpoint; CheckpointError naming the damage when there are only damaged ones."""
+        device = _location.device_of(map_location)
 
         def build(reader: _core.Reader) -> Any:
             with _pickled.allowed(allow_pickle):
-                return _load_from(reader)
+                return _load_from(reader, device)
 
         self._saves.wait_all()  # a save this manager just made is loadable
 
@@ -592,9 +597,11 @@ def _plan_by_name(reader: _core.Reader, state: dict[Any, Any] | list[Any],
         _tree.fill_tensor(array, node, names, plan)
 
 
-def _load_from(reader: _core.Reader) -> object:
+def _load_from(reader: _core.Reader, device: torch.device | None = None) -> object:
+    """A new state read from ``reader``, its torch tensors on ``device`` (None: the CPU)."""
     tree = _tree.read_tree(reader.metadata(), reader.path)
     plan = _tree.Plan()
+    plan.device = device
     state: object
     if tree is None:
         tensors: dict[str, object] = {}
@@ -608,29 +615,40 @@ def _load_from(reader: _core.Reader) -> object:
         state = tensors
     else:
         state = _tree.build(tree, [], plan)
-    reader.read_into(plan.specs, plan.boxes)
+    _prefault.read_into_new_memory(reader, plan.specs, plan.boxes)
     plan.finish()
     return state
 
 
-def load(path: StrPath, *, allow_pickle: bool = False) -> Any:
+def load(path: StrPath, *, allow_pickle: bool = False, map_location: object = None) -> Any:
     """A new state (nested dicts, lists, tensors, arrays, values as saved) from ``path``.
 
     ``path`` is a checkpoint (".../model.ckpt-1000") or a checkpoint directory (its latest
-    checkpoint). Torch tensors come back on the CPU; tensors saved as one memory (tied weights)
+    checkpoint). Torch tensors come back on the CPU (see ``map_location``); tensors saved as one memory (tied weights)
     come back as one tensor. Stateful objects come back as the state dicts they saved. A
     checkpoint written without the Python layer (by the C++ hooks) comes back as a flat dict of
     NumPy arrays keyed by tensor name (torch tensors for bfloat16, which NumPy lacks).
 
     ``allow_pickle``: values saved with ``allow_pickle=True`` are read back only with it too,
     because loading a pickle runs code; without it such a checkpoint raises ValueError.
+
+    ``map_location``: as torch.load's, a device string ("cpu", "cuda", "cuda:1") or a
+    torch.device that every torch tensor is loaded onto; NumPy arrays stay in host memory. A
+    device that is not there (a GPU torch cannot see) is a ValueError naming it before anything
+    is read. The dict and callable forms are a TypeError: a checkpoint does not record the
+    device each tensor was saved from.
     """
     path = os.fspath(path)
+    device = _location.device_of(map_location)
+
+    def build(reader: _core.Reader) -> object:
+        return _load_from(reader, device)
+
     try:
         with _pickled.allowed(allow_pickle):
             if os.path.exists(os.path.join(path, "index")):
-                return _load_from(_core.open_reader(path))
-            return _resume.load_from_directory(path, _load_from)
+                return build(_core.open_reader(path))
+            return _resume.load_from_directory(path, build)
     finally:
         _logging.drain()
 
