@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -51,6 +52,12 @@ struct CheckpointManagerOptions {
   int max_to_keep = 5;
   /// Of those that fall out of max_to_keep, keep one every N hours on disk; <= 0 keeps none.
   double keep_checkpoint_every_n_hours = 0;
+  /// A checkpoint whose step % keep_period == 0 is never dropped, and stays listed (Orbax's
+  /// keep_period); <= 0 protects none.
+  int keep_period = 0;
+  /// What max_to_keep keeps: the newest (kNone), or the best by each checkpoint's score
+  /// (RecordCommitted's, or its metadata's at start-up); unscored ones are then never dropped.
+  BestMode best_mode = BestMode::kNone;
   /// Decides what is complete (Start, CommittedSteps); null: IndexFileExists.
   CheckpointValidator validator = nullptr;
   /// Retention never deletes a checkpoint of a pair with the partner's (see CheckpointManager).
@@ -104,10 +111,15 @@ Result<std::string> QuarantineListedCheckpoint(io::FileSystem& fs, const std::st
 ///
 /// Retention (RecordCommitted): a re-committed name moves to the end; when more than
 /// max_to_keep (> 0) are listed, the newest max_to_keep stay, and so do those protected by the
-/// partner (below); the others are dropped from the list oldest first and, unless due for
-/// keep_checkpoint_every_n_hours preservation, deleted. Preservation: a dropped checkpoint whose
-/// timestamp >= next_preserve_time stays on disk unlisted; next_preserve_time starts at clock()
-/// at construction + hours * 3600 and advances by hours * 3600 each time. max_to_keep <= 0
+/// partner (below) and those whose step is a multiple of keep_period (> 0); the others are
+/// dropped from the list oldest first and, unless due for keep_checkpoint_every_n_hours
+/// preservation, deleted. With a best_mode the max_to_keep that stay are instead those with the
+/// best scores (kMax: highest, kMin: lowest; of equal scores the later listed ranks better, as
+/// Orbax's stable sort), beside every unscored one, so the newest may be dropped at once (as
+/// Orbax does). These are Orbax's rules: the count of listed checkpoints, keep_period's and
+/// unscored ones included, is what max_to_keep is compared with. Preservation: a dropped checkpoint
+/// whose timestamp >= next_preserve_time stays on disk unlisted; next_preserve_time starts at
+/// clock() at construction + hours * 3600 and advances by hours * 3600 each time. max_to_keep <= 0
 /// keeps everything; keep_checkpoint_every_n_hours <= 0 preserves nothing. A deletion that
 /// fails is logged and counted (retention_failures), never returned: the save that triggered it
 /// is committed.
@@ -181,11 +193,14 @@ class CheckpointManager {
   /// cannot be written that error is returned, the in-memory list is updated anyway, nothing is
   /// deleted, and the next successful write catches up. A deletion that fails is logged and
   /// counted in retention_failures(), and OK is returned: the checkpoint is committed.
-  Status RecordCommitted(const std::string& name, double timestamp);
+  /// `score` ranks it under a best_mode (nullopt: unscored, never dropped).
+  Status RecordCommitted(const std::string& name, double timestamp,
+                         std::optional<double> score = std::nullopt);
   /// RecordCommitted up to the crash-safe step of its deletions: each dropped checkpoint is
   /// renamed to its ".deleting-" name (durably) but its files stay until RemoveRenamed. Lets the
   /// engine report a save durable without waiting for the removal of an older one.
-  Status RecordCommittedLeavingRemovals(const std::string& name, double timestamp);
+  Status RecordCommittedLeavingRemovals(const std::string& name, double timestamp,
+                                        std::optional<double> score = std::nullopt);
   /// Removes the trees that RecordCommittedLeavingRemovals renamed, outside the manager's lock
   /// (a commit may record meanwhile). A failure is logged and counted in retention_failures();
   /// the next Start removes what is left. True when there was anything to remove.
@@ -226,6 +241,8 @@ class CheckpointManager {
   struct Entry {
     std::string name;
     double timestamp = 0;
+    std::optional<double> score =
+        std::nullopt;  // for best_mode_; from the checkpoint's metadata at start-up
   };
 
   CheckpointState StateLocked() const;
@@ -235,6 +252,9 @@ class CheckpointManager {
   std::set<int64_t> PartnerStepsLocked();
   // Drops what retention drops; returns those to delete.
   std::vector<std::string> ApplyRetentionLocked(const std::set<int64_t>& partner_steps);
+  // Which entries max_to_keep keeps (entries_ holds more than max_to_keep_): the newest, or
+  // under a best mode the best scored and every unscored one.
+  std::vector<bool> KeptByRankLocked() const;
   // Deletes (or defers, when pinned) every name in unwritten_deletions_; with `leave_removals`
   // only renames them, for RemoveRenamed.
   void DeleteDroppedLocked(bool leave_removals = false);
@@ -247,6 +267,8 @@ class CheckpointManager {
   const std::string basename_;
   const int max_to_keep_;
   const double keep_every_n_hours_;
+  const int keep_period_;
+  const BestMode best_mode_;
   const std::string state_file_name_;
   const CheckpointValidator validator_;
   const CheckpointPartner partner_;

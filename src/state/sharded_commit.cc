@@ -311,7 +311,7 @@ ShardCommitResult Share::Lead(CheckpointManager& manager, const MergeShardPartsF
   }
   ShardCommitResult result;
   result.committed = true;
-  result.status = manager.RecordCommitted(request_.final_name, request_.wall_time)
+  result.status = manager.RecordCommitted(request_.final_name, request_.wall_time, request_.score)
                       .WithContext(request_.final_name);
   return result;
 }

@@ -36,6 +36,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -86,6 +87,8 @@ struct ShardCommitRequest {
   std::vector<uint8_t> part;
   /// The checkpoint's timestamp for the state file (rank 0).
   double wall_time = 0;
+  /// Its score for best-N retention (rank 0; every rank's metadata holds the same one).
+  std::optional<double> score = std::nullopt;
 };
 
 /// How one rank's share ended.
