@@ -52,14 +52,14 @@ CheckpointManager::CheckpointManager(io::FileSystem* fs, std::string checkpoint_
 CheckpointManager::~CheckpointManager() { RemoveRenamed(); }
 
 Status CheckpointManager::RecordCommitted(const std::string& name, double timestamp,
-                                          std::optional<double> score) {
-  const Status recorded = RecordCommittedLeavingRemovals(name, timestamp, score);
+                                          std::optional<double> score, OwnDrop own) {
+  const Status recorded = RecordCommittedLeavingRemovals(name, timestamp, score, own);
   RemoveRenamed();
   return recorded;
 }
 
 Status CheckpointManager::RecordCommittedLeavingRemovals(const std::string& name, double timestamp,
-                                                         std::optional<double> score) {
+                                                         std::optional<double> score, OwnDrop own) {
   RETURN_IF_ERROR(ValidateCheckpointName(name).WithContext("recording a committed checkpoint"));
   if (!CheckpointStep(name, basename_)) {
     return Status::InvalidArgument("recording a committed checkpoint: '" + name +
@@ -76,7 +76,8 @@ Status CheckpointManager::RecordCommittedLeavingRemovals(const std::string& name
     // comment); the deletions that follow touch only what our state file no longer names.
     std::unique_lock<std::mutex> pairing = LockPairing(!partner_.basename.empty());
     const std::set<int64_t> partner_steps = PartnerStepsLocked();
-    for (std::string& dropped : ApplyRetentionLocked(partner_steps)) {
+    const std::string kept = own == OwnDrop::kAtNextCommit ? name : std::string();
+    for (std::string& dropped : ApplyRetentionLocked(partner_steps, kept)) {
       unwritten_deletions_.push_back(std::move(dropped));
     }
     RETURN_IF_ERROR(WriteCheckpointState(*fs_, dir_, StateLocked(), state_file_name_));
@@ -138,7 +139,7 @@ std::set<int64_t> CheckpointManager::PartnerStepsLocked() {
 }
 
 std::vector<std::string> CheckpointManager::ApplyRetentionLocked(
-    const std::set<int64_t>& partner_steps) {
+    const std::set<int64_t>& partner_steps, const std::string& kept_name) {
   std::vector<std::string> to_delete;
   if (max_to_keep_ <= 0 || entries_.size() <= static_cast<size_t>(max_to_keep_)) return to_delete;
   std::set<int64_t> ours;
@@ -152,7 +153,7 @@ std::vector<std::string> CheckpointManager::ApplyRetentionLocked(
     Entry& entry = entries_[i];
     const std::optional<int64_t> step = CheckpointStep(entry.name, basename_);
     const bool periodic = keep_period_ > 0 && step && *step % keep_period_ == 0;
-    if (ranked[i] || periodic || (step && paired.contains(*step))) {
+    if (ranked[i] || periodic || (step && paired.contains(*step)) || entry.name == kept_name) {
       kept.push_back(std::move(entry));
     } else if (keep_every_n_hours_ > 0 && entry.timestamp >= next_preserve_time_) {
       last_preserved_timestamp_ = entry.timestamp;

@@ -91,6 +91,15 @@ struct StartupReport {
   std::vector<std::string> failures;
 };
 
+/// Whether the retention pass of a RecordCommitted may drop the checkpoint it records.
+enum class OwnDrop {
+  /// Yes: under a best_mode a new checkpoint that ranks below max_to_keep others goes at once.
+  kNow,
+  /// Not before the next RecordCommitted: the other ranks of a sharded commit must still find it
+  /// committed (sharded_commit.h); it stays listed until then.
+  kAtNextCommit,
+};
+
 /// Quarantine for a process that holds the lock of `state_file_name` but runs no manager over it
 /// (a restore before any save): drops `name` from the state file when it lists it, rewrites it,
 /// then renames `dir`/`name` to QuarantineDirName(name) and logs an error naming `why`. The
@@ -193,14 +202,16 @@ class CheckpointManager {
   /// cannot be written that error is returned, the in-memory list is updated anyway, nothing is
   /// deleted, and the next successful write catches up. A deletion that fails is logged and
   /// counted in retention_failures(), and OK is returned: the checkpoint is committed.
-  /// `score` ranks it under a best_mode (nullopt: unscored, never dropped).
+  /// `score` ranks it under a best_mode (nullopt: unscored, never dropped); `own` says whether
+  /// this pass may drop `name` itself.
   Status RecordCommitted(const std::string& name, double timestamp,
-                         std::optional<double> score = std::nullopt);
+                         std::optional<double> score = std::nullopt, OwnDrop own = OwnDrop::kNow);
   /// RecordCommitted up to the crash-safe step of its deletions: each dropped checkpoint is
   /// renamed to its ".deleting-" name (durably) but its files stay until RemoveRenamed. Lets the
   /// engine report a save durable without waiting for the removal of an older one.
   Status RecordCommittedLeavingRemovals(const std::string& name, double timestamp,
-                                        std::optional<double> score = std::nullopt);
+                                        std::optional<double> score = std::nullopt,
+                                        OwnDrop own = OwnDrop::kNow);
   /// Removes the trees that RecordCommittedLeavingRemovals renamed, outside the manager's lock
   /// (a commit may record meanwhile). A failure is logged and counted in retention_failures();
   /// the next Start removes what is left. True when there was anything to remove.
@@ -250,8 +261,9 @@ class CheckpointManager {
   std::string Describe(const std::string& name) const;
   // The partner's steps from its state file; on a read failure, the last ones read.
   std::set<int64_t> PartnerStepsLocked();
-  // Drops what retention drops; returns those to delete.
-  std::vector<std::string> ApplyRetentionLocked(const std::set<int64_t>& partner_steps);
+  // Drops what retention drops, never `kept_name` (empty: none); returns those to delete.
+  std::vector<std::string> ApplyRetentionLocked(const std::set<int64_t>& partner_steps,
+                                                const std::string& kept_name = {});
   // Which entries max_to_keep keeps (entries_ holds more than max_to_keep_): the newest, or
   // under a best mode the best scored and every unscored one.
   std::vector<bool> KeptByRankLocked() const;

@@ -27,7 +27,9 @@
 //    claims each part by renaming it (a rename that finds the part withdrawn aborts), merges
 //    them with its own, removes the claimed parts, writes and syncs `index`, and commits with
 //    CommitDirectory and manager.RecordCommitted (rank 0 alone writes the state file and
-//    applies retention). Any failure writes abort, naming the rank at fault.
+//    applies retention, which never deletes the checkpoint just committed before the next
+//    commit: OwnDrop::kAtNextCommit, since the others poll for <final>/index). Any failure
+//    writes abort, naming the rank at fault.
 // The claim-by-rename makes the commit and a rank's give-up mutually exclusive, so no rank
 // reports failure for a checkpoint that rank 0 commits (unless rank 0 stalls between claiming
 // and deciding for a whole timeout; that rank then reports a failure it cannot be sure of).
