@@ -182,7 +182,8 @@ class CheckpointManager {
   ///     QuarantineDirName, the directory synced, logged as an error; never removed by the
   ///     library); complete and in
   ///     the retained window (newer than the oldest listed checkpoint, or while fewer than
-  ///     max_to_keep are listed, newest first, or protected by the partner) -> listed again,
+  ///     max_to_keep are listed, newest first, or protected by the partner or by keep_period,
+  ///     or any under a best_mode, whose ranking the next save applies) -> listed again,
   ///     with the timestamp of its metadata; complete and older -> removed, or left on disk when
   ///     keep_checkpoint_every_n_hours > 0 (preserved checkpoints are kept unlisted, as
   ///     TensorFlow does);
