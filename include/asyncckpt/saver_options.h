@@ -12,6 +12,7 @@
 #include "asyncckpt/coordinator.h"
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/limits.h"
+#include "asyncckpt/state.h"
 #include "asyncckpt/status.h"
 #include "asyncckpt/timer.h"
 
@@ -62,7 +63,7 @@ struct SaverOptions {
   std::optional<double> save_secs;
   /// Checkpoints are named "<basename>-<step>"; a plain name, no '/'.
   std::string basename = "model.ckpt";
-  /// Keep the newest N checkpoints; 0 keeps all.
+  /// Keep the newest N checkpoints (the best N under best_mode); 0 keeps all.
   int max_to_keep = 5;
   /// The basename of the input pipeline checkpoints these model checkpoints pair with
   /// (InputCheckpointBasename, e.g. "input.ckpt"; its state file is the one InputStateFileName
@@ -72,6 +73,16 @@ struct SaverOptions {
   std::string paired_input_basename;
   /// Of the checkpoints that fall out of max_to_keep, keep one every N hours (0 = none).
   double keep_checkpoint_every_n_hours = 0;
+  /// Never delete a checkpoint whose step % keep_period == 0; it stays listed beside the
+  /// max_to_keep, as Orbax's keep_period (0 = none).
+  int keep_period = 0;
+  /// What max_to_keep keeps: the newest (kNone, the default), or the max_to_keep best by the
+  /// score each save stores under kRetentionScoreKey in its metadata (kMax: highest, kMin:
+  /// lowest; equal scores favour the newer), beside every save without a score, which is never
+  /// deleted: Orbax's best_fn / best_mode. The newest may then be deleted when it ranks below
+  /// max_to_keep others. Needs max_to_keep > 0. Scores are read back from the checkpoints at
+  /// start-up, so a restarted job ranks as before.
+  BestMode best_mode = BestMode::kNone;
   /// Tensors are cut into chunks of at most this many bytes (rounded to whole elements), in
   /// [kMinChunkBytes, kMaxChunkBytes].
   uint64_t chunk_bytes = 4ull << 20;
@@ -80,7 +91,8 @@ struct SaverOptions {
   uint32_t num_data_files = 2;
   /// Codec and level.
   CompressionOptions compression;
-  /// Extra key/values stored in every checkpoint's metadata.
+  /// Extra key/values stored in every checkpoint's metadata (not kRetentionScoreKey, which is
+  /// per save).
   std::map<std::string, std::string> user_metadata;
   /// Pinned staging budget in bytes. 0: one full snapshot of the state for an asynchronous
   /// save, and for a synchronous one (CheckpointSaverHook, SaveMode::kSynchronous) a window of

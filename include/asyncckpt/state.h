@@ -14,6 +14,22 @@ inline constexpr char kCheckpointStateFileName[] = "checkpoint";
 /// The model's checkpoints are "<basename>-<step>"; SaverOptions::basename's default.
 inline constexpr char kDefaultBasename[] = "model.ckpt";
 
+/// Which checkpoints retention keeps as its max_to_keep: the newest, or the best by the score
+/// each save stored under kRetentionScoreKey (Orbax's best_fn with best_mode "max" or "min").
+enum class BestMode {
+  /// The newest max_to_keep (TensorFlow's and Orbax's default).
+  kNone,
+  /// The max_to_keep with the highest scores; a checkpoint without a score is never deleted.
+  kMax,
+  /// The max_to_keep with the lowest scores; a checkpoint without a score is never deleted.
+  kMin,
+};
+
+/// The key of a save's user metadata whose value, a finite number as text ("0.25"), is the
+/// checkpoint's score for BestMode retention. Stored in the checkpoint's index, so that a later
+/// start ranks the checkpoint as the save did.
+inline constexpr char kRetentionScoreKey[] = "asyncckpt.retention_score";
+
 /// The contents of a state file (TensorFlow's CheckpointState): paths are relative to the
 /// checkpoint directory, oldest first, the last one the latest.
 struct CheckpointState {

@@ -56,6 +56,7 @@ class TotalsDict(TypedDict):
 
 MIN_CHUNK_BYTES: int
 MAX_CHUNK_BYTES: int
+RETENTION_SCORE_KEY: str
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be saved or read (I/O, corruption, a failed background save)."""
@@ -86,6 +87,8 @@ class SaverOptions:
     save_secs: float | None
     max_to_keep: int
     keep_checkpoint_every_n_hours: float
+    keep_period: int
+    best_mode: str
     compression: str
     compression_level: int
     staging_bytes: int

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
+import numbers
 import os
 import warnings
 import weakref
@@ -52,7 +54,56 @@ def _close_quietly(core: _core.Checkpointer) -> None:
 def option_names() -> list[str]:
     """The options CheckpointManager takes as keywords beyond its own: SaverOptions' fields."""
     return sorted(name for name, value in vars(_core.SaverOptions).items()
-                  if isinstance(value, property))
+                  if isinstance(value, property) and name not in _MANAGER_SET_OPTIONS)
+
+
+# SaverOptions' fields the manager sets from its own keywords: best_mode goes with best_fn.
+_MANAGER_SET_OPTIONS = frozenset({"best_mode"})
+
+
+def _check_best(best_fn: object, best_mode: object, max_to_keep: int) -> None:
+    """TypeError or ValueError naming what is wrong with Orbax's best_fn / best_mode."""
+    if best_mode not in ("max", "min"):
+        raise ValueError(f"best_mode must be 'max' or 'min', not {best_mode!r}")
+    if best_fn is None:
+        return
+    if not callable(best_fn):
+        raise TypeError(f"best_fn must be a callable of the metrics, not a "
+                        f"{type(best_fn).__name__}")
+    if max_to_keep <= 0:
+        raise ValueError(f"best_fn needs max_to_keep > 0 (how many of the best checkpoints to "
+                         f"keep), got max_to_keep={max_to_keep}")
+
+
+def _score_entry(best_fn: Callable[[Any], Any] | None, step: int,
+                 metrics: Mapping[str, object] | None) -> dict[str, str]:
+    """The metadata entry holding ``best_fn(metrics)``, the score the C++ retention ranks the
+    checkpoint by; none without best_fn or metrics (a save without metrics is never deleted, as
+    Orbax's keep_checkpoints_without_metrics). ValueError or TypeError, before anything is
+    written, when best_fn raises or returns no finite number."""
+    if best_fn is None or metrics is None:
+        return {}
+    try:
+        value = best_fn(metrics)
+    except Exception as error:
+        raise ValueError(f"best_fn raised on the metrics of step {step} "
+                         f"({type(error).__name__}: {error}); nothing was saved") from error
+    # A Python or NumPy number, or a 0-d array (a jax.Array, an np.ndarray); a bool is a slip.
+    is_number = isinstance(value, numbers.Real) or (
+        getattr(value, "shape", None) == () and hasattr(value, "__float__"))
+    if isinstance(value, bool) or not is_number:
+        raise TypeError(f"best_fn must return a number; for the metrics of step {step} it "
+                        f"returned a {type(value).__name__} ({value!r}); nothing was saved")
+    try:
+        score = float(value)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"best_fn must return a number; for the metrics of step {step} it "
+                        f"returned {value!r} ({error}); nothing was saved") from None
+    if not math.isfinite(score):
+        raise ValueError(f"best_fn returned {score} for the metrics of step {step}: a score "
+                         f"must be finite to rank the checkpoint; nothing was saved")
+    # repr() is the shortest text that reads back as the same double (C++ from_chars).
+    return {_core.RETENTION_SCORE_KEY: repr(score)}
 
 
 def _saver_options(options: Mapping[str, Any], owner: str = "CheckpointManager",
@@ -114,6 +165,18 @@ class CheckpointManager:
     Either way a step that is not above every step saved so far is never due. A bad option
     raises ValueError (a bad value) or TypeError (an unknown name or a wrong type).
 
+    Retention, as Orbax's manager keeps checkpoints (docs/durability.md): ``max_to_keep=N``
+    (default 5; 0 keeps all) keeps the newest N; ``keep_period=P`` also keeps, listed, every
+    checkpoint whose ``step % P == 0``; ``best_fn=f`` (a callable of a save's ``metrics``
+    returning a number) with ``best_mode="max"`` (the default) or ``"min"`` keeps instead the N
+    checkpoints whose ``f(metrics)`` is highest (lowest), equal scores favouring the newer, and
+    never deletes a checkpoint saved without metrics; the newest is deleted at once when it
+    ranks below N others (with several ranks, at the next save). The score is computed at
+    ``save`` and stored in the checkpoint, so a new manager over the directory ranks as this one
+    did. ``best_fn`` needs ``max_to_keep > 0``;
+    a ``best_fn`` that raises or returns no finite number fails that ``save`` (ValueError or
+    TypeError) before anything is written.
+
     A state is a dict, list or tuple of tensors, arrays, plain values and stateful objects
     (anything with ``state_dict()`` / ``load_state_dict()``: modules, optimizers, schedulers),
     nested. Steps are ints in [0, 2**63 - 1]; ``save`` of a step that is not above every saved
@@ -149,10 +212,17 @@ class CheckpointManager:
 
     def __init__(self, directory: StrPath, *, save_interval_steps: int | None = None,
                  asynchronous: bool = True, process_group: Any = None,
-                 coordinator: _core.Coordinator | None = None, **options: Any) -> None:
+                 coordinator: _core.Coordinator | None = None,
+                 best_fn: Callable[[Any], Any] | None = None, best_mode: str = "max",
+                 **options: Any) -> None:
         _check_schedule(options.get("save_steps"), options.get("save_secs"),
                         save_interval_steps)
-        saver_options = _saver_options(options)
+        saver_options = _saver_options(
+            options, own=("save_interval_steps", "asynchronous", "best_fn", "best_mode"))
+        _check_best(best_fn, best_mode, saver_options.max_to_keep)
+        self._best_fn = best_fn
+        if best_fn is not None:
+            saver_options.best_mode = best_mode
         self._save_interval_steps = _steps.check_save_interval_steps(save_interval_steps)
         self._scheduled = (self._save_interval_steps is not None or
                            saver_options.save_steps is not None or
@@ -200,12 +270,13 @@ class CheckpointManager:
         future tells when the checkpoint is durable, and the save's own error if it failed).
         ``step`` must be above every step saved so far (StepAlreadyExistsError otherwise)
         unless ``force``. ``metrics`` and ``metadata`` (JSON values) are stored with this step
-        and read back by ``metadata(step)``. ``allow_pickle`` stores values with no exact form
+        and read back by ``metadata(step)``; with ``best_fn``, ``best_fn(metrics)`` ranks it. ``allow_pickle`` stores values with no exact form
         (see load()).
         """
         step = _steps.check_step(step)
         self._ledger.check_new(step, force, self._core.checkpoint_path)
-        step_metadata = _step_metadata.encode(metrics, metadata)
+        step_metadata = {**_step_metadata.encode(metrics, metadata),
+                         **_score_entry(self._best_fn, step, metrics)}
         leaves, tree_metadata = self._flatten_state(state, allow_pickle)
         specs = [leaf.spec() for leaf in leaves]
         try:
@@ -269,7 +340,8 @@ class CheckpointManager:
             self._report_failure()
             return None
         step = _steps.check_step(step)
-        step_metadata = _step_metadata.encode(metrics, metadata)
+        step_metadata = {**_step_metadata.encode(metrics, metadata),
+                         **_score_entry(self._best_fn, step, metrics)}
         leaves, tree_metadata = self._flatten_state(state, allow_pickle)
         specs = [leaf.spec() for leaf in leaves]
         future = None

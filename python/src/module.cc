@@ -282,6 +282,18 @@ OnError ParseOnError(const std::string& value) {
       Status::InvalidArgument("on_error must be 'stop' or 'continue', got '" + value + "'"));
 }
 
+BestMode ParseBestMode(const std::string& value) {
+  if (value == "none") return BestMode::kNone;
+  if (value == "max") return BestMode::kMax;
+  if (value == "min") return BestMode::kMin;
+  throw StatusError(
+      Status::InvalidArgument("best_mode must be 'none', 'max' or 'min', got '" + value + "'"));
+}
+
+const char* BestModeName(BestMode mode) {
+  return mode == BestMode::kMax ? "max" : mode == BestMode::kMin ? "min" : "none";
+}
+
 CompressionKind ParseCompression(const std::string& value) {
   std::optional<CompressionKind> kind = ParseCompressionKind(value);
   if (!kind) {
@@ -507,6 +519,13 @@ void BindSaverOptions(py::module_& m) {
                      "Keep the newest N checkpoints; 0 keeps all.")
       .def_readwrite("keep_checkpoint_every_n_hours", &SaverOptions::keep_checkpoint_every_n_hours,
                      "Of those past max_to_keep, keep one every N hours (0: none).")
+      .def_readwrite("keep_period", &SaverOptions::keep_period,
+                     "Never delete a checkpoint whose step % keep_period == 0 (0: none).")
+      .def_property(
+          "best_mode", [](const SaverOptions& o) { return BestModeName(o.best_mode); },
+          [](SaverOptions& o, const std::string& value) { o.best_mode = ParseBestMode(value); },
+          "'none' (keep the newest max_to_keep), or 'max' / 'min': keep the max_to_keep best "
+          "by each save's RETENTION_SCORE_KEY metadata (the manager's best_fn sets it).")
       .def_property(
           "compression",
           [](const SaverOptions& o) {
@@ -622,6 +641,8 @@ PYBIND11_MODULE(_core, m) {
   // chunk_bytes' range, defined in asyncckpt/limits.h (the defaults are SaverOptions()'s).
   m.attr("MIN_CHUNK_BYTES") = kMinChunkBytes;
   m.attr("MAX_CHUNK_BYTES") = kMaxChunkBytes;
+  // The metadata key of a save's score for best-N retention (asyncckpt/state.h).
+  m.attr("RETENTION_SCORE_KEY") = kRetentionScoreKey;
 
   checkpoint_error = PyErr_NewExceptionWithDoc(
       "asyncckpt.CheckpointError",

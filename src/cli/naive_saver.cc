@@ -121,7 +121,8 @@ Status NaiveSaverHook::Save(int64_t step) {
   return status;
 }
 
-// Retention as the real savers keep it: the newest max_to_keep committed saves.
+// Retention as the real savers keep it: the newest max_to_keep committed saves, and those of a
+// step that is a multiple of keep_period.
 void NaiveSaverHook::DropOld() {
   if (options_.max_to_keep <= 0) return;
   std::vector<int64_t> kept;
@@ -132,6 +133,7 @@ void NaiveSaverHook::DropOld() {
   if (kept.size() <= keep) return;
   std::error_code ec;
   for (size_t i = 0; i + keep < kept.size(); ++i) {
+    if (options_.keep_period > 0 && kept[i] % options_.keep_period == 0) continue;
     std::filesystem::remove_all(DirectoryOf(kept[i]), ec);
   }
 }

@@ -90,6 +90,7 @@ std::vector<std::pair<std::string, std::string>> SharedOptions(const TrainSimCon
       {"--max_to_keep", std::to_string(config.saver.max_to_keep)},
       {"--keep_checkpoint_every_n_hours",
        std::to_string(config.saver.keep_checkpoint_every_n_hours)},
+      {"--keep_period", std::to_string(config.saver.keep_period)},
       {"--saver", config.saver_kind},
       {"--checkpoint_dir", config.saver.checkpoint_dir},
       {"--chunk_bytes", std::to_string(config.saver.chunk_bytes)},

@@ -31,6 +31,7 @@ const std::vector<FlagSpec>& TrainSimFlags() {
       {"max_to_keep", std::to_string(SaverOptions{}.max_to_keep),
        "newest checkpoints kept; 0 keeps all"},
       {"keep_checkpoint_every_n_hours", "0", "also keep one checkpoint every N hours"},
+      {"keep_period", "0", "also keep every checkpoint whose step is a multiple of N (Orbax's)"},
       {"compression", std::string(CompressionKindName(CompressionOptions{}.kind)),
        "none, zstd or shuffle+zstd"},
       {"compression_level", std::to_string(CompressionOptions{}.level), "zstd level"},
@@ -219,6 +220,8 @@ Status CheckScheduleFlags(const ParsedFlags& flags, SaverOptions& saver) {
   saver.paired_input_basename = InputCheckpointBasename(InputPipelineOptions{});
   ASSIGN_OR_RETURN(saver.keep_checkpoint_every_n_hours,
                    DoubleFlag(flags, "keep_checkpoint_every_n_hours", 0, 1e12, ">= 0"));
+  ASSIGN_OR_RETURN(int64_t keep_period, IntFlag(flags, "keep_period", 0, INT32_MAX));
+  saver.keep_period = static_cast<int>(keep_period);
   return Status::OK();
 }
 

@@ -88,6 +88,8 @@ InputPipelineOptions InputOptions(const TrainSimConfig& config) {
   options.saver.save_steps = config.saver.save_steps;
   options.saver.save_secs = config.saver.save_secs;
   options.saver.max_to_keep = config.saver.max_to_keep;
+  // The model's kept steps keep their input partners.
+  options.saver.keep_period = config.saver.keep_period;
   options.model_basename = config.saver.basename;
   options.saver.compression = config.saver.compression;
   options.saver.chunk_bytes = config.saver.chunk_bytes;

@@ -14,6 +14,7 @@
 #include "src/format/placement.h"
 #include "src/format/writer.h"
 #include "src/staging/staging_pool.h"
+#include "src/state/retention_score.h"
 #include "src/state/sharded_commit.h"
 #include "src/util/io_status.h"
 #include "src/util/log.h"
@@ -254,6 +255,7 @@ Result<SubmitResult> Engine::Impl::Submit(SubmitRequest request) {
   // would otherwise fail only at the commit, after every byte was written.
   RETURN_IF_ERROR(ValidateCheckpointStep(request.metadata.step));
   RETURN_IF_ERROR(format::ValidateMetadata(request.metadata).WithContext(name));
+  RETURN_IF_ERROR(RetentionScore(request.metadata.user).status().WithContext(name));
   SnapshotPlan plan;
   if (request.plan) {
     plan = std::move(*request.plan);

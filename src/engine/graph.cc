@@ -10,11 +10,13 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "src/engine/engine_threads.h"
 #include "src/format/format.h"
 #include "src/state/commit_checkpoint.h"
+#include "src/state/retention_score.h"
 #include "src/state/sharded_commit.h"
 #include "src/util/io_status.h"
 #include "src/util/log.h"
@@ -48,6 +50,12 @@ struct WriteRequest {
   uint32_t file = 0;
   uint64_t offset = 0;
 };
+
+// The save's score for best-N retention; Engine::Submit refused one that does not parse.
+std::optional<double> ScoreOf(const SaveJob& save) {
+  const Result<std::optional<double>> score = RetentionScore(save.metadata.user);
+  return score.ok() ? *score : std::nullopt;
+}
 
 }  // namespace
 
@@ -476,7 +484,8 @@ bool SaveGraph::Impl::CommitFiles(SaveJob& save) {
                         .data_files = {},
                         .index_name = format::kIndexFileName,
                         .index_bytes = index_bytes,
-                        .wall_time = save.metadata.wall_time};
+                        .wall_time = save.metadata.wall_time,
+                        .score = ScoreOf(save)};
   for (uint32_t i = 0; i < save.files.size(); ++i) {
     request.data_files.push_back(
         {std::move(save.files[i]), save.placer->logical_end(i), save.FileBytes(i)});
@@ -531,7 +540,8 @@ bool SaveGraph::Impl::CommitShardFiles(SaveJob& save) {
                              .timeout_seconds = options_.saver.coordination_timeout_secs,
                              .data_files = {},
                              .part = {},
-                             .wall_time = save.metadata.wall_time};
+                             .wall_time = save.metadata.wall_time,
+                             .score = ScoreOf(save)};
   ShardCommitResult result;
   Result<std::vector<uint8_t>> part =
       save.failed ? Result<std::vector<uint8_t>>(save.FirstFailure()) : EncodePart(save);

@@ -191,7 +191,7 @@ class Checkpointer::Impl {
       Result<ResumeCheckpoints> resume = ResolveResumeCheckpoints(
           *fs, options.checkpoint_dir, options.basename, kCheckpointStateFileName,
           [fs](const std::string& path) { return ValidateCheckpointDirectory(*fs, path); },
-          options.max_to_keep);
+          options.best_mode == BestMode::kNone ? options.max_to_keep : 0, options.keep_period);
       return resume.ok() ? resume->steps : std::vector<int64_t>();
     }
     std::vector<int64_t> steps;

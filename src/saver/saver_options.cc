@@ -49,6 +49,26 @@ Status ValidateSaverOptions(const SaverOptions& options) {
   if (!(options.keep_checkpoint_every_n_hours >= 0)) {
     return Status::InvalidArgument("keep_checkpoint_every_n_hours must be >= 0");
   }
+  if (options.keep_period < 0) {
+    return Status::InvalidArgument(
+        "keep_period must be >= 0 (0 keeps no step for its number), got " +
+        std::to_string(options.keep_period));
+  }
+  if (options.best_mode != BestMode::kNone && options.max_to_keep <= 0) {
+    return Status::InvalidArgument(
+        "best_mode needs max_to_keep > 0 (how many of the best checkpoints to keep), got "
+        "max_to_keep " +
+        std::to_string(options.max_to_keep));
+  }
+  if (options.best_mode != BestMode::kNone && options.best_mode != BestMode::kMax &&
+      options.best_mode != BestMode::kMin) {
+    return Status::InvalidArgument("best_mode must be kNone, kMax or kMin");
+  }
+  if (options.user_metadata.contains(kRetentionScoreKey)) {
+    return Status::InvalidArgument(std::string("user_metadata must not hold ") +
+                                   kRetentionScoreKey +
+                                   ": a checkpoint's score is given with its own save");
+  }
   if (options.chunk_bytes < kMinChunkBytes || options.chunk_bytes > kMaxChunkBytes) {
     return Status::InvalidArgument(
         "chunk_bytes must be in [" + std::to_string(kMinChunkBytes) + ", " +

@@ -172,6 +172,8 @@ void SaverStorage::MakeManager(const SaverOptions& options, const std::string& s
       .state_file_name = state_file_name,
       .max_to_keep = options.max_to_keep,
       .keep_checkpoint_every_n_hours = options.keep_checkpoint_every_n_hours,
+      .keep_period = options.keep_period,
+      .best_mode = options.best_mode,
       .validator =
           [file_system = fs](const std::string& path) {
             return ValidateCheckpointDirectory(*file_system, path);

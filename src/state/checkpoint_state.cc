@@ -27,6 +27,8 @@ CheckpointManager::CheckpointManager(io::FileSystem* fs, CheckpointManagerOption
       basename_(std::move(options.basename)),
       max_to_keep_(options.max_to_keep),
       keep_every_n_hours_(options.keep_checkpoint_every_n_hours),
+      keep_period_(options.keep_period),
+      best_mode_(options.best_mode),
       state_file_name_(std::move(options.state_file_name)),
       validator_(std::move(options.validator)),
       partner_(std::move(options.partner)) {
@@ -49,14 +51,15 @@ CheckpointManager::CheckpointManager(io::FileSystem* fs, std::string checkpoint_
 
 CheckpointManager::~CheckpointManager() { RemoveRenamed(); }
 
-Status CheckpointManager::RecordCommitted(const std::string& name, double timestamp) {
-  const Status recorded = RecordCommittedLeavingRemovals(name, timestamp);
+Status CheckpointManager::RecordCommitted(const std::string& name, double timestamp,
+                                          std::optional<double> score, OwnDrop own) {
+  const Status recorded = RecordCommittedLeavingRemovals(name, timestamp, score, own);
   RemoveRenamed();
   return recorded;
 }
 
-Status CheckpointManager::RecordCommittedLeavingRemovals(const std::string& name,
-                                                         double timestamp) {
+Status CheckpointManager::RecordCommittedLeavingRemovals(const std::string& name, double timestamp,
+                                                         std::optional<double> score, OwnDrop own) {
   RETURN_IF_ERROR(ValidateCheckpointName(name).WithContext("recording a committed checkpoint"));
   if (!CheckpointStep(name, basename_)) {
     return Status::InvalidArgument("recording a committed checkpoint: '" + name +
@@ -67,13 +70,14 @@ Status CheckpointManager::RecordCommittedLeavingRemovals(const std::string& name
   // A name committed again is live again: an earlier drop of it must not delete the new copy.
   std::erase(unwritten_deletions_, name);
   deferred_deletions_.erase(name);
-  entries_.push_back({name, timestamp});
+  entries_.push_back({name, timestamp, score});
   {
     // Reading the partner's list and writing ours is one step for the pair (see the class
     // comment); the deletions that follow touch only what our state file no longer names.
     std::unique_lock<std::mutex> pairing = LockPairing(!partner_.basename.empty());
     const std::set<int64_t> partner_steps = PartnerStepsLocked();
-    for (std::string& dropped : ApplyRetentionLocked(partner_steps)) {
+    const std::string kept = own == OwnDrop::kAtNextCommit ? name : std::string();
+    for (std::string& dropped : ApplyRetentionLocked(partner_steps, kept)) {
       unwritten_deletions_.push_back(std::move(dropped));
     }
     RETURN_IF_ERROR(WriteCheckpointState(*fs_, dir_, StateLocked(), state_file_name_));
@@ -135,7 +139,7 @@ std::set<int64_t> CheckpointManager::PartnerStepsLocked() {
 }
 
 std::vector<std::string> CheckpointManager::ApplyRetentionLocked(
-    const std::set<int64_t>& partner_steps) {
+    const std::set<int64_t>& partner_steps, const std::string& kept_name) {
   std::vector<std::string> to_delete;
   if (max_to_keep_ <= 0 || entries_.size() <= static_cast<size_t>(max_to_keep_)) return to_delete;
   std::set<int64_t> ours;
@@ -143,12 +147,13 @@ std::vector<std::string> CheckpointManager::ApplyRetentionLocked(
     if (auto step = CheckpointStep(entry.name, basename_)) ours.insert(*step);
   }
   const std::set<int64_t> paired = NewestCommonSteps(ours, partner_steps, max_to_keep_);
-  const size_t newest_from = entries_.size() - static_cast<size_t>(max_to_keep_);
+  const std::vector<bool> ranked = KeptByRankLocked();
   std::vector<Entry> kept;
   for (size_t i = 0; i < entries_.size(); ++i) {
     Entry& entry = entries_[i];
     const std::optional<int64_t> step = CheckpointStep(entry.name, basename_);
-    if (i >= newest_from || (step && paired.contains(*step))) {
+    const bool periodic = keep_period_ > 0 && step && *step % keep_period_ == 0;
+    if (ranked[i] || periodic || (step && paired.contains(*step)) || entry.name == kept_name) {
       kept.push_back(std::move(entry));
     } else if (keep_every_n_hours_ > 0 && entry.timestamp >= next_preserve_time_) {
       last_preserved_timestamp_ = entry.timestamp;
@@ -159,6 +164,34 @@ std::vector<std::string> CheckpointManager::ApplyRetentionLocked(
   }
   entries_ = std::move(kept);
   return to_delete;
+}
+
+std::vector<bool> CheckpointManager::KeptByRankLocked() const {
+  const size_t keep = static_cast<size_t>(max_to_keep_);
+  std::vector<bool> kept(entries_.size(), false);
+  if (best_mode_ == BestMode::kNone) {
+    std::fill(kept.end() - static_cast<std::ptrdiff_t>(keep), kept.end(), true);
+    return kept;
+  }
+  std::vector<size_t> scored;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].score) {
+      scored.push_back(i);
+    } else {
+      kept[i] = true;  // Orbax's keep_checkpoints_without_metrics
+    }
+  }
+  // Worst first. Stable, so that of equal scores the later listed ends nearer the best end, as
+  // in Orbax's sorted() (whose reverse=True for "min" keeps equal items in order, too).
+  const bool highest = best_mode_ == BestMode::kMax;
+  std::stable_sort(scored.begin(), scored.end(), [&](size_t a, size_t b) {
+    return highest ? *entries_[a].score < *entries_[b].score
+                   : *entries_[a].score > *entries_[b].score;
+  });
+  for (size_t r = scored.size() > keep ? scored.size() - keep : 0; r < scored.size(); ++r) {
+    kept[scored[r]] = true;
+  }
+  return kept;
 }
 
 void CheckpointManager::DeleteDroppedLocked(bool leave_removals) {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -51,6 +52,12 @@ struct CheckpointManagerOptions {
   int max_to_keep = 5;
   /// Of those that fall out of max_to_keep, keep one every N hours on disk; <= 0 keeps none.
   double keep_checkpoint_every_n_hours = 0;
+  /// A checkpoint whose step % keep_period == 0 is never dropped, and stays listed (Orbax's
+  /// keep_period); <= 0 protects none.
+  int keep_period = 0;
+  /// What max_to_keep keeps: the newest (kNone), or the best by each checkpoint's score
+  /// (RecordCommitted's, or its metadata's at start-up); unscored ones are then never dropped.
+  BestMode best_mode = BestMode::kNone;
   /// Decides what is complete (Start, CommittedSteps); null: IndexFileExists.
   CheckpointValidator validator = nullptr;
   /// Retention never deletes a checkpoint of a pair with the partner's (see CheckpointManager).
@@ -84,6 +91,15 @@ struct StartupReport {
   std::vector<std::string> failures;
 };
 
+/// Whether the retention pass of a RecordCommitted may drop the checkpoint it records.
+enum class OwnDrop {
+  /// Yes: under a best_mode a new checkpoint that ranks below max_to_keep others goes at once.
+  kNow,
+  /// Not before the next RecordCommitted: the other ranks of a sharded commit must still find it
+  /// committed (sharded_commit.h); it stays listed until then.
+  kAtNextCommit,
+};
+
 /// Quarantine for a process that holds the lock of `state_file_name` but runs no manager over it
 /// (a restore before any save): drops `name` from the state file when it lists it, rewrites it,
 /// then renames `dir`/`name` to QuarantineDirName(name) and logs an error naming `why`. The
@@ -104,10 +120,15 @@ Result<std::string> QuarantineListedCheckpoint(io::FileSystem& fs, const std::st
 ///
 /// Retention (RecordCommitted): a re-committed name moves to the end; when more than
 /// max_to_keep (> 0) are listed, the newest max_to_keep stay, and so do those protected by the
-/// partner (below); the others are dropped from the list oldest first and, unless due for
-/// keep_checkpoint_every_n_hours preservation, deleted. Preservation: a dropped checkpoint whose
-/// timestamp >= next_preserve_time stays on disk unlisted; next_preserve_time starts at clock()
-/// at construction + hours * 3600 and advances by hours * 3600 each time. max_to_keep <= 0
+/// partner (below) and those whose step is a multiple of keep_period (> 0); the others are
+/// dropped from the list oldest first and, unless due for keep_checkpoint_every_n_hours
+/// preservation, deleted. With a best_mode the max_to_keep that stay are instead those with the
+/// best scores (kMax: highest, kMin: lowest; of equal scores the later listed ranks better, as
+/// Orbax's stable sort), beside every unscored one, so the newest may be dropped at once (as
+/// Orbax does). These are Orbax's rules: the count of listed checkpoints, keep_period's and
+/// unscored ones included, is what max_to_keep is compared with. Preservation: a dropped checkpoint
+/// whose timestamp >= next_preserve_time stays on disk unlisted; next_preserve_time starts at
+/// clock() at construction + hours * 3600 and advances by hours * 3600 each time. max_to_keep <= 0
 /// keeps everything; keep_checkpoint_every_n_hours <= 0 preserves nothing. A deletion that
 /// fails is logged and counted (retention_failures), never returned: the save that triggered it
 /// is committed.
@@ -161,7 +182,8 @@ class CheckpointManager {
   ///     QuarantineDirName, the directory synced, logged as an error; never removed by the
   ///     library); complete and in
   ///     the retained window (newer than the oldest listed checkpoint, or while fewer than
-  ///     max_to_keep are listed, newest first, or protected by the partner) -> listed again,
+  ///     max_to_keep are listed, newest first, or protected by the partner or by keep_period,
+  ///     or any under a best_mode, whose ranking the next save applies) -> listed again,
   ///     with the timestamp of its metadata; complete and older -> removed, or left on disk when
   ///     keep_checkpoint_every_n_hours > 0 (preserved checkpoints are kept unlisted, as
   ///     TensorFlow does);
@@ -181,11 +203,16 @@ class CheckpointManager {
   /// cannot be written that error is returned, the in-memory list is updated anyway, nothing is
   /// deleted, and the next successful write catches up. A deletion that fails is logged and
   /// counted in retention_failures(), and OK is returned: the checkpoint is committed.
-  Status RecordCommitted(const std::string& name, double timestamp);
+  /// `score` ranks it under a best_mode (nullopt: unscored, never dropped); `own` says whether
+  /// this pass may drop `name` itself.
+  Status RecordCommitted(const std::string& name, double timestamp,
+                         std::optional<double> score = std::nullopt, OwnDrop own = OwnDrop::kNow);
   /// RecordCommitted up to the crash-safe step of its deletions: each dropped checkpoint is
   /// renamed to its ".deleting-" name (durably) but its files stay until RemoveRenamed. Lets the
   /// engine report a save durable without waiting for the removal of an older one.
-  Status RecordCommittedLeavingRemovals(const std::string& name, double timestamp);
+  Status RecordCommittedLeavingRemovals(const std::string& name, double timestamp,
+                                        std::optional<double> score = std::nullopt,
+                                        OwnDrop own = OwnDrop::kNow);
   /// Removes the trees that RecordCommittedLeavingRemovals renamed, outside the manager's lock
   /// (a commit may record meanwhile). A failure is logged and counted in retention_failures();
   /// the next Start removes what is left. True when there was anything to remove.
@@ -226,6 +253,8 @@ class CheckpointManager {
   struct Entry {
     std::string name;
     double timestamp = 0;
+    std::optional<double> score =
+        std::nullopt;  // for best_mode_; from the checkpoint's metadata at start-up
   };
 
   CheckpointState StateLocked() const;
@@ -233,8 +262,12 @@ class CheckpointManager {
   std::string Describe(const std::string& name) const;
   // The partner's steps from its state file; on a read failure, the last ones read.
   std::set<int64_t> PartnerStepsLocked();
-  // Drops what retention drops; returns those to delete.
-  std::vector<std::string> ApplyRetentionLocked(const std::set<int64_t>& partner_steps);
+  // Drops what retention drops, never `kept_name` (empty: none); returns those to delete.
+  std::vector<std::string> ApplyRetentionLocked(const std::set<int64_t>& partner_steps,
+                                                const std::string& kept_name = {});
+  // Which entries max_to_keep keeps (entries_ holds more than max_to_keep_): the newest, or
+  // under a best mode the best scored and every unscored one.
+  std::vector<bool> KeptByRankLocked() const;
   // Deletes (or defers, when pinned) every name in unwritten_deletions_; with `leave_removals`
   // only renames them, for RemoveRenamed.
   void DeleteDroppedLocked(bool leave_removals = false);
@@ -247,6 +280,8 @@ class CheckpointManager {
   const std::string basename_;
   const int max_to_keep_;
   const double keep_every_n_hours_;
+  const int keep_period_;
+  const BestMode best_mode_;
   const std::string state_file_name_;
   const CheckpointValidator validator_;
   const CheckpointPartner partner_;

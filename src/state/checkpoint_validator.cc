@@ -7,6 +7,7 @@
 
 #include "src/format/index_file.h"
 #include "src/state/checkpoint_names.h"
+#include "src/state/retention_score.h"
 #include "src/util/io_status.h"
 #include "src/util/status_macros.h"
 
@@ -31,7 +32,11 @@ Result<ValidCheckpoint> ValidateCheckpointDirectory(io::FileSystem& fs,
   try {
     ASSIGN_OR_RETURN(const format::Index index,
                      format::LoadIndexCheckingDataFiles(fs, checkpoint_path));
-    return ValidCheckpoint{.wall_time = index.metadata.wall_time, .step = index.metadata.step};
+    // A score that does not parse cannot rank: unscored, the checkpoint is never dropped.
+    const Result<std::optional<double>> score = RetentionScore(index.metadata.user);
+    return ValidCheckpoint{.wall_time = index.metadata.wall_time,
+                           .step = index.metadata.step,
+                           .score = score.ok() ? *score : std::nullopt};
   } catch (const std::bad_alloc&) {
     return Status::ResourceExhausted("out of memory validating checkpoint " + checkpoint_path);
   } catch (const std::exception& e) {

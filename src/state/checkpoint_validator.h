@@ -22,6 +22,9 @@ struct ValidCheckpoint {
   double wall_time = 0;
   /// The step its metadata holds; nullopt when the validator does not read it.
   std::optional<int64_t> step;
+  /// Its score for best-N retention (kRetentionScoreKey in its metadata); nullopt when it has
+  /// none, holds no finite number, or the validator does not read it.
+  std::optional<double> score = std::nullopt;
 };
 
 /// Decides whether the directory at `checkpoint_path` is a complete checkpoint. OK with what it

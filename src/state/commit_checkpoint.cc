@@ -41,7 +41,8 @@ CommitResult Commit(io::FileSystem& fs, CheckpointManager& manager, CommitReques
   }
   if (!result.status.ok()) return result;
   result.committed = true;
-  result.status = manager.RecordCommittedLeavingRemovals(request.final_name, request.wall_time);
+  result.status =
+      manager.RecordCommittedLeavingRemovals(request.final_name, request.wall_time, request.score);
   return result;
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -42,6 +43,8 @@ struct CommitRequest {
   std::span<const uint8_t> index_bytes;
   /// The checkpoint's timestamp for the state file (seconds since the epoch).
   double wall_time = 0;
+  /// Its score for best-N retention (RetentionScore of its metadata); nullopt: unscored.
+  std::optional<double> score = std::nullopt;
 };
 
 /// How a commit ended.

@@ -168,7 +168,7 @@ Result<ResumeCheckpoints> ResolveResumeCheckpoints(io::FileSystem& fs, const std
                                                    const std::string& basename,
                                                    const std::string& state_file_name,
                                                    const CheckpointValidator& validator,
-                                                   int max_to_keep) {
+                                                   int max_to_keep, int keep_period) {
   ResumeCheckpoints resume;
   resume.basename = basename;
   const std::string state_path = JoinCheckpointPath(dir, state_file_name);
@@ -230,7 +230,8 @@ Result<ResumeCheckpoints> ResolveResumeCheckpoints(io::FileSystem& fs, const std
   }
 
   // Complete directories the list lacks, listed again as a start lists them: newer than the
-  // oldest listed one, or while there is room under max_to_keep, newest first.
+  // oldest listed one, or while there is room under max_to_keep, newest first, or kept by
+  // keep_period.
   std::vector<Candidate> unlisted;
   for (const std::string& name : names) {
     if (IsQuarantinedCheckpoint(name, basename)) {
@@ -259,7 +260,8 @@ Result<ResumeCheckpoints> ResolveResumeCheckpoints(io::FileSystem& fs, const std
   const size_t keep = static_cast<size_t>(std::max(max_to_keep, 0));
   std::vector<Candidate> relist;
   for (const Candidate& c : unlisted) {
-    if ((oldest && c.step > *oldest) || keep == 0 || list.size() + relist.size() < keep) {
+    if ((oldest && c.step > *oldest) || keep == 0 || list.size() + relist.size() < keep ||
+        (keep_period > 0 && c.step % keep_period == 0)) {
       relist.push_back(c);
     }
   }

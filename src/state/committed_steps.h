@@ -57,11 +57,13 @@ Result<std::vector<QuarantinedCheckpoint>> ListQuarantinedCheckpoints(io::FileSy
 
 /// FindResumeCheckpoints (asyncckpt/state.h) of `basename` with an injected validator and the
 /// saver's max_to_keep, which decides, as at start-up, how many complete unlisted checkpoints
-/// are listed again (<= 0: all). `basename` must be given.
+/// are listed again (<= 0: all; a saver with a best_mode passes 0, as start-up relists all),
+/// and keep_period (> 0: those of a multiple of it step are listed again too). `basename` must
+/// be given.
 Result<ResumeCheckpoints> ResolveResumeCheckpoints(io::FileSystem& fs, const std::string& dir,
                                                    const std::string& basename,
                                                    const std::string& state_file_name,
                                                    const CheckpointValidator& validator,
-                                                   int max_to_keep);
+                                                   int max_to_keep, int keep_period = 0);
 
 }  // namespace asyncckpt

@@ -311,7 +311,11 @@ ShardCommitResult Share::Lead(CheckpointManager& manager, const MergeShardPartsF
   }
   ShardCommitResult result;
   result.committed = true;
-  result.status = manager.RecordCommitted(request_.final_name, request_.wall_time)
+  // The other ranks learn of the commit by finding <final>/index: a best-N retention must not
+  // delete it in this pass (the next commit's pass, which needs every rank's part, may).
+  result.status = manager
+                      .RecordCommitted(request_.final_name, request_.wall_time, request_.score,
+                                       OwnDrop::kAtNextCommit)
                       .WithContext(request_.final_name);
   return result;
 }

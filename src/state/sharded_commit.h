@@ -27,7 +27,9 @@
 //    claims each part by renaming it (a rename that finds the part withdrawn aborts), merges
 //    them with its own, removes the claimed parts, writes and syncs `index`, and commits with
 //    CommitDirectory and manager.RecordCommitted (rank 0 alone writes the state file and
-//    applies retention). Any failure writes abort, naming the rank at fault.
+//    applies retention, which never deletes the checkpoint just committed before the next
+//    commit: OwnDrop::kAtNextCommit, since the others poll for <final>/index). Any failure
+//    writes abort, naming the rank at fault.
 // The claim-by-rename makes the commit and a rank's give-up mutually exclusive, so no rank
 // reports failure for a checkpoint that rank 0 commits (unless rank 0 stalls between claiming
 // and deciding for a whole timeout; that rank then reports a failure it cannot be sure of).
@@ -36,6 +38,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -86,6 +89,8 @@ struct ShardCommitRequest {
   std::vector<uint8_t> part;
   /// The checkpoint's timestamp for the state file (rank 0).
   double wall_time = 0;
+  /// Its score for best-N retention (rank 0; every rank's metadata holds the same one).
+  std::optional<double> score = std::nullopt;
 };
 
 /// How one rank's share ended.

@@ -181,7 +181,7 @@ void StartupPass::LoadListed(const std::string& name, double timestamp) {
     if (dash != std::string::npos && dash > 0 &&
         CheckpointStep(name, std::string_view(name).substr(0, dash))) {
       // Another saver's checkpoint in a state file it shares with this one: kept as it is.
-      foreign_.push_back({name, 0, timestamp});
+      foreign_.push_back({name, 0, timestamp, std::nullopt});
       return;
     }
     return Drop(name, "is not a checkpoint of this saver (" + options_.basename +
@@ -192,7 +192,7 @@ void StartupPass::LoadListed(const std::string& name, double timestamp) {
   if (!typed.ok()) {
     // Cannot tell: keep it listed, as it was.
     Fail("start-up could not inspect " + Path(name) + ": " + typed.message());
-    list_.push_back({name, *step, timestamp});
+    list_.push_back({name, *step, timestamp, std::nullopt});
     return;
   }
   if (type == io::EntryType::kNone) return Drop(name, "does not exist");
@@ -203,7 +203,7 @@ void StartupPass::LoadListed(const std::string& name, double timestamp) {
   const Result<ValidCheckpoint> valid = Validate(name, *step);
   switch (Classify(valid.status())) {
     case Verdict::kComplete:
-      list_.push_back({name, *step, timestamp});
+      list_.push_back({name, *step, timestamp, valid->score});
       return;
     case Verdict::kIncomplete:
       listed_damaged_.emplace_back(name, valid.status().message());
@@ -212,7 +212,7 @@ void StartupPass::LoadListed(const std::string& name, double timestamp) {
     case Verdict::kUnknown:
       Fail("start-up cannot tell whether " + Path(name) +
            " is complete; it stays listed: " + valid.status().ToString());
-      list_.push_back({name, *step, timestamp});
+      list_.push_back({name, *step, timestamp, std::nullopt});
       return;
   }
 }
@@ -237,7 +237,7 @@ void StartupPass::CollectUnlisted(const std::vector<std::string>& names) {
     const Result<ValidCheckpoint> valid = Validate(name, *step);
     switch (Classify(valid.status())) {
       case Verdict::kComplete:
-        unlisted_complete_.push_back({name, *step, valid->wall_time});
+        unlisted_complete_.push_back({name, *step, valid->wall_time, valid->score});
         break;
       case Verdict::kIncomplete:
         Quarantine(name, valid.status().message());
@@ -288,7 +288,12 @@ void StartupPass::RelistOrRemoveUnlisted() {
   for (const Listed& entry : unlisted_complete_) {
     const bool inside = oldest_listed && entry.step > *oldest_listed;
     const bool room = keep == 0 || list_.size() + relist.size() < keep;
-    if (inside || room || paired.contains(entry.step)) {
+    // keep_period's checkpoints are never dropped, and under a best mode any one may rank among
+    // the best: retention at the next save decides, not the age of an unlisted one.
+    const bool protected_by_rule =
+        (options_.keep_period > 0 && entry.step % options_.keep_period == 0) ||
+        options_.best_mode != BestMode::kNone;
+    if (inside || room || protected_by_rule || paired.contains(entry.step)) {
       relist.push_back(entry);
     } else if (options_.keep_checkpoint_every_n_hours > 0) {
       LogInfo("start-up kept " + Path(entry.name) +
@@ -350,6 +355,8 @@ Result<StartupReport> CheckpointManager::Start() {
       .state_file_name = state_file_name_,
       .max_to_keep = max_to_keep_,
       .keep_checkpoint_every_n_hours = keep_every_n_hours_,
+      .keep_period = keep_period_,
+      .best_mode = best_mode_,
       .partner = partner_,
   };
   StartupReport report;
@@ -357,9 +364,13 @@ Result<StartupReport> CheckpointManager::Start() {
   StartupPass pass(*fs_, options, validator_, &report);
   RETURN_IF_ERROR(pass.Run());
   entries_.clear();
-  for (const Listed& entry : pass.list()) entries_.push_back({entry.name, entry.timestamp});
+  for (const Listed& entry : pass.list()) {
+    entries_.push_back({entry.name, entry.timestamp, entry.score});
+  }
   foreign_.clear();
-  for (const Listed& entry : pass.foreign()) foreign_.push_back({entry.name, entry.timestamp});
+  for (const Listed& entry : pass.foreign()) {
+    foreign_.push_back({entry.name, entry.timestamp, std::nullopt});
+  }
   last_preserved_timestamp_ = pass.last_preserved_timestamp();
   if (!pass.state_problem().empty() && !entries_.empty()) {
     report.rebuilt_because = pass.state_problem();

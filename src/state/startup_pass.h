@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -22,6 +23,8 @@ struct Listed {
   std::string name;
   int64_t step = 0;
   double timestamp = 0;
+  std::optional<double> score =
+      std::nullopt;  // from the checkpoint's metadata (ValidCheckpoint::score)
 };
 
 // CheckpointManager::Start's work, step by step (see its contract). It removes leftovers and

@@ -114,6 +114,19 @@ TEST_F(NaiveSaverTest, SavesOnScheduleAtTheEndOnceAndKeepsTheNewest) {
   EXPECT_EQ((*hook)->totals().saves_committed, 4);
 }
 
+TEST_F(NaiveSaverTest, KeepPeriodKeepsTheMultiplesAsTheRealSaversDo) {
+  SaverOptions options = Options(1, 2);
+  options.keep_period = 4;
+  auto hook = NaiveSaverHook::Create(options, &registry_);
+  ASSERT_TRUE(hook.ok()) << hook.status().ToString();
+  ASSERT_TRUE((*hook)->after_create_session(1).ok());
+  for (int64_t step = 2; step <= 8; ++step) {
+    RunContext context(step);
+    ASSERT_TRUE((*hook)->after_run(context, RunValues{}).ok());
+  }
+  EXPECT_EQ(Saved(), (std::vector<std::string>{"naive-4", "naive-7", "naive-8"}));
+}
+
 TEST_F(NaiveSaverTest, AFailedWriteFailsTheSessionAndCountsAsFailed) {
   // A regular file where the checkpoint directory should be: nothing can be created under it.
   fs::create_directories(dir_.parent_path());

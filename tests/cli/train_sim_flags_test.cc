@@ -150,6 +150,16 @@ TEST(TrainSimFlagsTest, PreemptAtStepsMustBeNonEmptyNumericAndReachable) {
   EXPECT_THAT(config.status().message(), HasSubstr("never reached"));
 }
 
+TEST(TrainSimFlagsTest, KeepPeriodReachesTheSaverAndANegativeOneIsRefused) {
+  auto config = Config({"--keep_period", "4"});
+  ASSERT_TRUE(config.ok()) << config.status().ToString();
+  EXPECT_EQ(config->saver.keep_period, 4);
+  EXPECT_EQ(Config({})->saver.keep_period, 0);
+  auto negative = Config({"--keep_period", "-1"});
+  ASSERT_FALSE(negative.ok());
+  EXPECT_THAT(negative.status().message(), HasSubstr("keep_period"));
+}
+
 TEST(TrainSimFlagsTest, AllowFreshStartReachesTheSaver) {
   auto config = Config({"--allow_fresh_start"});
   ASSERT_TRUE(config.ok()) << config.status().ToString();

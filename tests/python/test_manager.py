@@ -238,7 +238,8 @@ def test_the_options_are_the_cpp_saver_options_with_their_defaults():
     assert shown["queue_depth"].default == defaults.queue_depth
     assert shown["save_steps"].default is None
     assert set(names) | {"directory", "save_interval_steps", "asynchronous", "process_group",
-                         "coordinator"} == set(shown)
+                         "coordinator", "best_fn", "best_mode"} == set(shown)
+    assert shown["best_mode"].default == "max" and shown["best_fn"].default is None
 
 
 @pytest.mark.parametrize("asynchronous", [True, False])

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -418,6 +419,57 @@ TEST_P(CheckpointerTest, ANewCheckpointerFindsTheStepsOfAnEarlierOneAndRetention
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
   EXPECT_EQ((*reader)->metadata().step, 3);
   EXPECT_EQ(second->open(1).status().code(), StatusCode::kNotFound);
+}
+
+// Issue 32 item 4: best-N by each save's score, through the real index. The scores come back
+// from the checkpoints' metadata at a new checkpointer's start: one that lost them would keep
+// 1 and 3 as unscored and step 4 besides.
+TEST_P(CheckpointerTest, BestModeKeepsTheBestScoresAcrossANewCheckpointer) {
+  SaverOptions options = Options();
+  options.max_to_keep = 2;
+  options.best_mode = BestMode::kMax;
+  options.keep_period = 10;
+  const std::map<int64_t, std::string> scores = {
+      {1, "0.9"}, {2, "0.1"}, {3, "0.5"}, {4, "0.2"}, {5, "0.95"}};
+  {
+    auto first = Make(options);
+    ASSERT_NE(first, nullptr);
+    for (int64_t step : {1, 2, 3}) {
+      SetState(step);
+      ASSERT_TRUE(first->save(step, Registry(), {{kRetentionScoreKey, scores.at(step)}}).ok());
+    }
+    ASSERT_TRUE(first->close().ok());
+    EXPECT_EQ(first->all_steps(), (std::vector<int64_t>{1, 3}));
+  }
+  auto second = Make(options);
+  ASSERT_NE(second, nullptr);
+  SetState(4);
+  ASSERT_TRUE(second->save(4, Registry(), {{kRetentionScoreKey, scores.at(4)}}).ok());
+  ASSERT_TRUE(second->wait_until_finished().ok());
+  EXPECT_EQ(second->all_steps(), (std::vector<int64_t>{1, 3}));
+  SetState(5);
+  ASSERT_TRUE(second->save(5, Registry(), {{kRetentionScoreKey, scores.at(5)}}).ok());
+  SetState(10);
+  ASSERT_TRUE(second->save(10, Registry(), {{kRetentionScoreKey, "0.0"}}).ok());
+  ASSERT_TRUE(second->close().ok());
+  EXPECT_EQ(second->all_steps(), (std::vector<int64_t>{1, 5, 10}));
+  for (int64_t gone : {2, 3, 4}) EXPECT_FALSE(fs::exists(Path(gone))) << gone;
+  ExpectHoldsStep(5);
+}
+
+TEST_P(CheckpointerTest, AScoreThatIsNoFiniteNumberIsRefusedBeforeAnythingIsWritten) {
+  SaverOptions options = Options();
+  options.max_to_keep = 1;
+  options.best_mode = BestMode::kMin;
+  auto checkpointer = Make(options);
+  ASSERT_NE(checkpointer, nullptr);
+  const Status status = checkpointer->save(1, Registry(), {{kRetentionScoreKey, "nan"}});
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status.ToString();
+  EXPECT_NE(status.message().find(kRetentionScoreKey), std::string::npos) << status.message();
+  EXPECT_NE(status.message().find("model.ckpt-1"), std::string::npos) << status.message();
+  ASSERT_TRUE(checkpointer->close().ok());
+  EXPECT_TRUE(checkpointer->all_steps().empty());
+  EXPECT_FALSE(fs::exists(Path(1)));
 }
 
 // Issue 32 item 1: after save(5), save(7), save(6), the latest is 6, the step the last save

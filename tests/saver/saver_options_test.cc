@@ -89,6 +89,28 @@ class TwoRanks final : public Coordinator {
   }
 };
 
+TEST(ValidateSaverOptionsTest, RetentionRulesAreRefusedNamingWhatIsWrong) {
+  SaverOptions negative_period = Valid();
+  negative_period.keep_period = -4;
+  SaverOptions best_of_all = Valid();
+  best_of_all.best_mode = BestMode::kMin;
+  best_of_all.max_to_keep = 0;
+  SaverOptions one_score_for_all = Valid();
+  one_score_for_all.user_metadata[kRetentionScoreKey] = "1";
+  for (const auto& [options, says] :
+       {std::pair{negative_period, "keep_period must be >= 0"},
+        std::pair{best_of_all, "best_mode needs max_to_keep > 0"},
+        std::pair{one_score_for_all, "user_metadata must not hold asyncckpt.retention_score"}}) {
+    const Status status = ValidateSaverOptions(options);
+    EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << says;
+    EXPECT_THAT(status.message(), HasSubstr(says));
+  }
+  SaverOptions fine = Valid();
+  fine.keep_period = 4;
+  fine.best_mode = BestMode::kMax;
+  EXPECT_TRUE(ValidateSaverOptions(fine).ok()) << ValidateSaverOptions(fine).ToString();
+}
+
 TEST(ValidateSaverOptionsTest, CoordinationTimeoutMustBePositive) {
   SaverOptions options = Valid();
   options.coordination_timeout_secs = 0;

@@ -14,7 +14,10 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,6 +66,161 @@ TEST_F(CheckpointStateTest, MaxToKeepZeroKeepsAll) {
   EXPECT_EQ(ReadState().all_model_checkpoint_paths, all);
   EXPECT_EQ(CheckpointDirs().size(), 10u);
   EXPECT_EQ(faulty_->count("remove_tree"), 0);
+}
+
+// ---- keep_period and best-N by score (Orbax's keep_period, best_fn and best_mode) ------------
+
+class RetentionRulesTest : public StateDirTest {
+ protected:
+  std::unique_ptr<CheckpointManager> NewRanking(int max_to_keep, int keep_period, BestMode mode) {
+    CheckpointManagerOptions options{.checkpoint_dir = dir_,
+                                     .basename = kBasename,
+                                     .max_to_keep = max_to_keep,
+                                     .keep_period = keep_period,
+                                     .best_mode = mode};
+    // Reads "complete <wall time> [<score>]" from the index, as the savers' validator reads the
+    // score from the index's metadata.
+    options.validator = [](const std::string& path) -> Result<ValidCheckpoint> {
+      std::ifstream in(path + "/index");
+      std::string word;
+      ValidCheckpoint valid;
+      if (!(in >> word >> valid.wall_time) || word != "complete") {
+        return Status::Corruption(path + "/index is not complete");
+      }
+      double score = 0;
+      if (in >> score) valid.score = score;
+      return valid;
+    };
+    return std::make_unique<CheckpointManager>(faulty_.get(), std::move(options),
+                                               [] { return 0.0; });
+  }
+  // Writes the checkpoint of `step` (its score in its index, as a save stores it in its
+  // metadata) and records it committed with that score.
+  void CommitScored(CheckpointManager& manager, int step, std::optional<double> score) {
+    std::ostringstream index;
+    index << "complete " << step;
+    if (score) index << " " << *score;
+    MakeCheckpointDir(Name(step), index.str());
+    const Status status = manager.RecordCommitted(Name(step), step, score);
+    ASSERT_TRUE(status.ok()) << status.ToString();
+  }
+  // The retained names, which must also be exactly the checkpoint directories on disk and the
+  // state file's list.
+  std::vector<std::string> Kept(const CheckpointManager& manager) {
+    const std::vector<std::string> kept = manager.retained();
+    EXPECT_EQ(CheckpointDirs(), std::set<std::string>(kept.begin(), kept.end()));
+    EXPECT_EQ(ReadState().all_model_checkpoint_paths, kept);
+    return kept;
+  }
+};
+
+TEST_F(RetentionRulesTest, KeepPeriodKeepsMultiplesListedBesideTheNewest) {
+  auto manager = NewRanking(2, 4, BestMode::kNone);
+  for (int step = 1; step <= 8; ++step) CommitScored(*manager, step, std::nullopt);
+  // Orbax's example: the multiples of 4 stay listed, and count towards max_to_keep's "more than
+  // two listed" (so after step 6, steps 4, 5 and 6 are all kept).
+  EXPECT_THAT(Kept(*manager), ElementsAre(Name(4), Name(7), Name(8)));
+  EXPECT_EQ(ReadState().model_checkpoint_path, Name(8));
+}
+
+TEST_F(RetentionRulesTest, KeepPeriodProtectsStepZero) {
+  auto manager = NewRanking(1, 3, BestMode::kNone);
+  for (int step : {0, 1, 2, 3, 4, 5}) CommitScored(*manager, step, std::nullopt);
+  EXPECT_THAT(Kept(*manager), ElementsAre(Name(0), Name(3), Name(5)));
+}
+
+TEST_F(RetentionRulesTest, BestMaxKeepsTheHighestScoresAndDropsAWorseNewestAtOnce) {
+  auto manager = NewRanking(2, 0, BestMode::kMax);
+  CommitScored(*manager, 1, 0.5);
+  CommitScored(*manager, 2, 0.9);
+  CommitScored(*manager, 3, std::nullopt);  // unscored: never deleted
+  EXPECT_THAT(Kept(*manager), ElementsAre(Name(1), Name(2), Name(3)));
+  CommitScored(*manager, 4, 0.1);  // worse than both scored ones: deleted as it commits
+  EXPECT_THAT(Kept(*manager), ElementsAre(Name(1), Name(2), Name(3)));
+  EXPECT_EQ(ReadState().model_checkpoint_path, Name(3));
+  CommitScored(*manager, 5, 0.7);
+  EXPECT_THAT(Kept(*manager), ElementsAre(Name(2), Name(3), Name(5)));
+}
+
+TEST_F(RetentionRulesTest, BestMinKeepsTheLowestScores) {
+  auto manager = NewRanking(2, 0, BestMode::kMin);
+  const double losses[] = {3.0, 1.0, 2.5, 0.5, 4.0};
+  for (int step = 1; step <= 5; ++step) CommitScored(*manager, step, losses[step - 1]);
+  EXPECT_THAT(Kept(*manager), ElementsAre(Name(2), Name(4)));
+}
+
+TEST_F(RetentionRulesTest, EqualScoresFavourTheNewerInEitherMode) {
+  for (BestMode mode : {BestMode::kMax, BestMode::kMin}) {
+    SCOPED_TRACE(mode == BestMode::kMax ? "max" : "min");
+    TearDown();
+    SetUp();
+    auto manager = NewRanking(2, 0, mode);
+    CommitScored(*manager, 1, 1.0);
+    CommitScored(*manager, 2, 1.0);
+    CommitScored(*manager, 3, 1.0);
+    EXPECT_THAT(Kept(*manager), ElementsAre(Name(2), Name(3)));
+  }
+}
+
+TEST_F(RetentionRulesTest, BestModeWithKeepPeriodKeepsBoth) {
+  auto manager = NewRanking(1, 2, BestMode::kMax);
+  const double scores[] = {0.1, 0.2, 0.9, 0.3, 0.4};
+  for (int step = 1; step <= 5; ++step) CommitScored(*manager, step, scores[step - 1]);
+  // Step 3 is the best; 2 and 4 are multiples of 2; 1 and 5 go.
+  EXPECT_THAT(Kept(*manager), ElementsAre(Name(2), Name(3), Name(4)));
+}
+
+TEST_F(RetentionRulesTest, ScoresComeBackFromTheCheckpointsAfterARestart) {
+  {
+    auto manager = NewRanking(2, 0, BestMode::kMax);
+    CommitScored(*manager, 1, 0.9);
+    CommitScored(*manager, 2, 0.1);
+    CommitScored(*manager, 3, 0.5);
+    EXPECT_THAT(Kept(*manager), ElementsAre(Name(1), Name(3)));
+  }
+  auto restarted = NewRanking(2, 0, BestMode::kMax);
+  ASSERT_TRUE(restarted->Start().ok());
+  // Ranked by the scores their metadata holds: a restart that lost them would keep 1 and 3 as
+  // unscored and 4 as the only scored one.
+  CommitScored(*restarted, 4, 0.2);
+  EXPECT_THAT(Kept(*restarted), ElementsAre(Name(1), Name(3)));
+  CommitScored(*restarted, 5, 0.95);
+  EXPECT_THAT(Kept(*restarted), ElementsAre(Name(1), Name(5)));
+}
+
+TEST_F(RetentionRulesTest, RebuiltListKeepsKeepPeriodCheckpoints) {
+  {
+    auto manager = NewRanking(2, 4, BestMode::kNone);
+    for (int step = 1; step <= 8; ++step) CommitScored(*manager, step, std::nullopt);
+  }
+  ASSERT_TRUE(fs::remove(Path(kCheckpointStateFileName)));
+  auto restarted = NewRanking(2, 4, BestMode::kNone);
+  Result<StartupReport> report = restarted->Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_TRUE(report->removed.empty());
+  EXPECT_THAT(Kept(*restarted), ElementsAre(Name(4), Name(7), Name(8)));
+}
+
+TEST_F(RetentionRulesTest, RebuiltListUnderABestModeKeepsEveryCompleteCheckpoint) {
+  {
+    auto manager = NewRanking(1, 0, BestMode::kMin);
+    CommitScored(*manager, 1, 0.1);
+    CommitScored(*manager, 2, 0.5);
+    CommitScored(*manager, 3, 0.7);
+    EXPECT_THAT(Kept(*manager), ElementsAre(Name(1)));
+  }
+  // A checkpoint whose commit was not recorded, older and better than the listed one.
+  CheckpointState state = ReadState();
+  {
+    auto other = NewRanking(0, 0, BestMode::kNone);
+    CommitScored(*other, 0, 0.05);
+  }
+  ASSERT_TRUE(WriteCheckpointState(*posix_, dir_, state, kCheckpointStateFileName).ok());
+  auto restarted = NewRanking(1, 0, BestMode::kMin);
+  ASSERT_TRUE(restarted->Start().ok());
+  EXPECT_THAT(Kept(*restarted), ElementsAre(Name(0), Name(1)));
+  CommitScored(*restarted, 4, 0.3);
+  EXPECT_THAT(Kept(*restarted), ElementsAre(Name(0)));
 }
 
 TEST_F(CheckpointStateTest, StateIsWrittenBeforeAnythingIsDeleted) {

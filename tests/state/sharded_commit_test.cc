@@ -140,6 +140,42 @@ TEST_F(ShardedCommitTest, OneWorldRankCommitsAlone) {
   EXPECT_EQ(ReadFile(dir_ + "/model.ckpt-7/index"), std::string("\x02p0"));
 }
 
+// Rank 0 records the checkpoint with the score of its request, and under best-N retention
+// keeps it until the next commit even when it ranks below max_to_keep others: the other ranks
+// poll for its index to learn that it committed.
+TEST_F(ShardedCommitTest, RankZeroRecordsTheCheckpointWithItsScore) {
+  manager_ =
+      std::make_unique<CheckpointManager>(posix_.get(),
+                                          CheckpointManagerOptions{.checkpoint_dir = dir_,
+                                                                   .basename = "model.ckpt",
+                                                                   .max_to_keep = 1,
+                                                                   .best_mode = BestMode::kMax},
+                                          SystemClockSeconds);
+  fs::create_directory(dir_ + "/model.ckpt-3");
+  std::ofstream(dir_ + "/model.ckpt-3/index") << "index";
+  ASSERT_TRUE(manager_->RecordCommitted("model.ckpt-3", 1.6e9, 0.9).ok());
+  auto scored = [this](uint32_t rank) {
+    return [this, rank] {
+      ShardCommitRequest request = Prepare(*posix_, rank, 2, 30);
+      request.score = 0.5;
+      return CommitShard(*posix_, *manager_, std::move(request), Concatenate);
+    };
+  };
+  auto results = RunRanks({scored(0), scored(1)});
+  for (const ShardCommitResult& result : results) {
+    EXPECT_TRUE(result.status.ok()) << result.status.ToString();
+    EXPECT_TRUE(result.committed);
+  }
+  EXPECT_EQ(manager_->retained(), (std::vector<std::string>{"model.ckpt-3", "model.ckpt-7"}));
+  // The next pass drops it, by its score: 0.5 is below 0.9 (unscored, it would stay).
+  fs::create_directory(dir_ + "/model.ckpt-9");
+  std::ofstream(dir_ + "/model.ckpt-9/index") << "index";
+  ASSERT_TRUE(manager_->RecordCommitted("model.ckpt-9", 1.7e9, 0.95).ok());
+  EXPECT_EQ(manager_->retained(), std::vector<std::string>{"model.ckpt-9"});
+  EXPECT_FALSE(fs::exists(dir_ + "/model.ckpt-7"));
+  EXPECT_FALSE(fs::exists(dir_ + "/model.ckpt-3"));
+}
+
 TEST_F(ShardedCommitTest, AFailedRankAbortsTheSaveAndEveryRankNamesIt) {
   ASSERT_TRUE(manager_->RecordCommitted("model.ckpt-3", 1.6e9).ok());
   fs::create_directory(dir_ + "/model.ckpt-3");
