@@ -4,16 +4,27 @@ tree's package (build/python) and ASYNCCKPT_SOURCE_DIR / ASYNCCKPT_BUILD_DIR set
     PYTHONPATH=build/python ASYNCCKPT_BUILD_DIR=build .venv/bin/python -m pytest tests/python
 """
 
+import importlib.util
 import os
 import pathlib
 import signal
 import subprocess
+import types
 
 import pytest
 
 SOURCE_DIR = pathlib.Path(
     os.environ.get("ASYNCCKPT_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[2]))
 BUILD_DIR = pathlib.Path(os.environ.get("ASYNCCKPT_BUILD_DIR", SOURCE_DIR / "build"))
+
+
+def import_benchmark(name):
+    """benchmarks/<name>.py as a module: the benchmarks are scripts, not a package."""
+    spec = importlib.util.spec_from_file_location(name, SOURCE_DIR / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert isinstance(module, types.ModuleType)
+    return module
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 (read from its JSON's repeats) where the CLI has that command, and the report says which tool
 measured each row, all of a row's repeats from one tool."""
 
-import importlib.util
 import json
 import os
 import stat
@@ -13,15 +12,11 @@ import numpy as np
 import pytest
 
 import asyncckpt
-from conftest import BUILD_DIR, SOURCE_DIR
+from conftest import BUILD_DIR, import_benchmark
 
 
 def load_run_bench():
-    spec = importlib.util.spec_from_file_location("run_bench",
-                                                  SOURCE_DIR / "benchmarks" / "run_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return import_benchmark("run_bench")
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ tests make the batches small, show that the pages were faulted in and the reads 
 check that what comes back is what was saved, bit for bit; never how fast it is."""
 
 import argparse
-import importlib.util
 import itertools
 import mmap
 import re
@@ -18,7 +17,7 @@ import torch
 
 import asyncckpt
 from asyncckpt import _core, _prefault
-from conftest import SOURCE_DIR
+from conftest import import_benchmark
 
 MIB = 1 << 20
 
@@ -316,11 +315,7 @@ def test_a_gpu_that_is_not_there_with_a_working_torch_cuda_is_named(mixed, monke
 
 @pytest.fixture
 def bench():
-    path = SOURCE_DIR / "benchmarks" / "load_vs_restore.py"
-    spec = importlib.util.spec_from_file_location("load_vs_restore", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
+    yield import_benchmark("load_vs_restore")
     sys.modules.pop("bench_proc", None)
 
 

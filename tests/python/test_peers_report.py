@@ -3,24 +3,19 @@ the tools its own figures came from, a candidate whose package is missing is a r
 a ratio above 1.0 against a limit is called a moved limit, and the limits are the median of
 their samples with the spread beside it."""
 
-import importlib.util
 import sys
 import types
 
 import pytest
 
-from conftest import SOURCE_DIR
+from conftest import import_benchmark
 
 MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def pb():
-    path = SOURCE_DIR / "benchmarks" / "peers_bench.py"
-    spec = importlib.util.spec_from_file_location("peers_bench", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
+    yield import_benchmark("peers_bench")
     for name in ("peer_candidates", "run_bench", "sink_bench", "bench_proc"):
         sys.modules.pop(name, None)
 
