@@ -96,7 +96,8 @@ TEST(ValidateSaverOptionsTest, RetentionRulesAreRefusedNamingWhatIsWrong) {
   best_of_all.best_mode = BestMode::kMin;
   best_of_all.max_to_keep = 0;
   SaverOptions one_score_for_all = Valid();
-  one_score_for_all.user_metadata[kRetentionScoreKey] = "1";
+  // emplace, not operator[] and =: GCC 12 at -O3 flags that assignment with a false -Wrestrict.
+  one_score_for_all.user_metadata.emplace(kRetentionScoreKey, "1");
   for (const auto& [options, says] :
        {std::pair{negative_period, "keep_period must be >= 0"},
         std::pair{best_of_all, "best_mode needs max_to_keep > 0"},
