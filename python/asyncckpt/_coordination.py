@@ -66,7 +66,9 @@ def torch_coordinator(group: Any = None) -> _core.Coordinator:
 # ROLL_CALL_SECONDS is gone or stalled; a healthy rank still waiting in the collective is not.
 HEARTBEAT_SECONDS = 0.5
 ROLL_CALL_SECONDS = 3.0
-_heartbeats: set[int] = set()  # the global ranks this process beats for
+# (id of the store, global rank) this process beats for; each beating thread holds its store,
+# so an id is not reused while it beats, and a new process group's store gets a beat of its own.
+_heartbeats: set[tuple[int, int]] = set()
 _heartbeats_lock = threading.Lock()
 
 
@@ -76,20 +78,23 @@ def _heartbeat_key(global_rank: int) -> str:
 
 def _start_heartbeat(dist: Any, global_rank: int) -> None:
     """Starts this process's heartbeat (once); nothing when the store cannot be had."""
+    try:
+        store = dist.distributed_c10d._get_default_store()  # private: no public accessor
+    except Exception:  # noqa: BLE001 - no store: failures are then reported unnamed
+        return
+    beating = (id(store), global_rank)
     with _heartbeats_lock:
-        if global_rank in _heartbeats:
+        if beating in _heartbeats:
             return
-        try:
-            store = dist.distributed_c10d._get_default_store()  # private: no public accessor
-        except Exception:  # noqa: BLE001 - no store: failures are then reported unnamed
-            return
-        _heartbeats.add(global_rank)
+        _heartbeats.add(beating)
 
     def beat() -> None:
         while True:
             try:
                 store.add(_heartbeat_key(global_rank), 1)
             except Exception:  # noqa: BLE001 - the store's host is gone; nothing to beat on
+                with _heartbeats_lock:
+                    _heartbeats.discard(beating)
                 return
             time.sleep(HEARTBEAT_SECONDS)
 
