@@ -66,9 +66,8 @@ def torch_coordinator(group: Any = None) -> _core.Coordinator:
 # ROLL_CALL_SECONDS is gone or stalled; a healthy rank still waiting in the collective is not.
 HEARTBEAT_SECONDS = 0.5
 ROLL_CALL_SECONDS = 3.0
-# (id of the job's store, global rank) this process beats for; each beating thread holds the
-# store, so an id is not reused while it beats, and a new process group's store gets a beat of
-# its own.
+# (id of the store, global rank) this process beats for; each beating thread holds its store,
+# so an id is not reused while it beats, and a new process group's store gets a beat of its own.
 _heartbeats: set[tuple[int, int]] = set()
 _heartbeats_lock = threading.Lock()
 
@@ -79,21 +78,17 @@ def _heartbeat_key(global_rank: int) -> str:
 
 def _start_heartbeat(dist: Any, global_rank: int) -> None:
     """Starts this process's heartbeat (once); nothing when the store cannot be had."""
+    try:
+        store = dist.distributed_c10d._get_default_store()  # private: no public accessor
+    except Exception:  # noqa: BLE001 - no store: failures are then reported unnamed
+        return
+    beating = (id(store), global_rank)
     with _heartbeats_lock:
-        try:
-            shared = dist.distributed_c10d._get_default_store()  # private: no public accessor
-            beating = (id(shared), global_rank)
-            if beating in _heartbeats:
-                return
-            # A connection of the beat's own: the training thread's client is not shared across
-            # threads.
-            store = shared.clone()
-        except Exception:  # noqa: BLE001 - no store: failures are then reported unnamed
+        if beating in _heartbeats:
             return
         _heartbeats.add(beating)
 
-    def beat(job_store: Any = shared) -> None:  # holds the job's store: its id stays unique
-        del job_store
+    def beat() -> None:
         while True:
             try:
                 store.add(_heartbeat_key(global_rank), 1)
