@@ -66,9 +66,7 @@ def torch_coordinator(group: Any = None) -> _core.Coordinator:
 # ROLL_CALL_SECONDS is gone or stalled; a healthy rank still waiting in the collective is not.
 HEARTBEAT_SECONDS = 0.5
 ROLL_CALL_SECONDS = 3.0
-# (id of the store, global rank) this process beats for; each beating thread holds its store,
-# so an id is not reused while it beats, and a new process group's store gets a beat of its own.
-_heartbeats: set[tuple[int, int]] = set()
+_heartbeats: set[int] = set()  # the global ranks this process beats for
 _heartbeats_lock = threading.Lock()
 
 
@@ -78,23 +76,20 @@ def _heartbeat_key(global_rank: int) -> str:
 
 def _start_heartbeat(dist: Any, global_rank: int) -> None:
     """Starts this process's heartbeat (once); nothing when the store cannot be had."""
-    try:
-        store = dist.distributed_c10d._get_default_store()  # private: no public accessor
-    except Exception:  # noqa: BLE001 - no store: failures are then reported unnamed
-        return
-    beating = (id(store), global_rank)
     with _heartbeats_lock:
-        if beating in _heartbeats:
+        if global_rank in _heartbeats:
             return
-        _heartbeats.add(beating)
+        try:
+            store = dist.distributed_c10d._get_default_store()  # private: no public accessor
+        except Exception:  # noqa: BLE001 - no store: failures are then reported unnamed
+            return
+        _heartbeats.add(global_rank)
 
     def beat() -> None:
         while True:
             try:
                 store.add(_heartbeat_key(global_rank), 1)
             except Exception:  # noqa: BLE001 - the store's host is gone; nothing to beat on
-                with _heartbeats_lock:
-                    _heartbeats.discard(beating)
                 return
             time.sleep(HEARTBEAT_SECONDS)
 
