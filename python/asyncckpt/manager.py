@@ -204,8 +204,7 @@ class CheckpointManager:
     the ranks. Each rank saves what it holds: a DTensor (FSDP2's parameters and optimizer state)
     as its local shard of the global tensor, anything else as a replica written once; rank 0
     commits each step once every rank's part is durable, all or nothing, and decides retention;
-    a failure on one rank fails the next save on every rank, naming it, and so does a rank that
-    died or stalled (named through torch.distributed's store). ``restore`` reads each
+    a failure on one rank fails the next save on every rank, naming it. ``restore`` reads each
     rank's own shard, on any number of ranks.
 
     Not thread-safe beyond this: calls from several threads are serialised.
