@@ -15,8 +15,9 @@ thread made it) with fault-in alone. Cases:
   fresh              a new directory, save at once
   fresh+prepare      a new directory, prepare(state) (its own time is the "call" column), then
                      --gap seconds of training (a sleep), then the saves
-  resumed            a directory holding a checkpoint of the state: restore(state) (which
-                     prepares in the background), --gap seconds of training, then the saves
+  resumed            a directory holding a checkpoint of the state: the manager (which starts
+                     preparing staging like that checkpoint in the background), restore(state),
+                     --gap seconds of training, then the saves
   resumed, no gap    the same, saving right after restore
 
 The gap stands for the steps a job trains between its start and its first save. Figures are
@@ -84,13 +85,13 @@ def one_yardstick(nbytes: int, state: dict[str, np.ndarray]) -> tuple[float, flo
 
 def run_case(directory: str, state: dict[str, np.ndarray], case: str, saves: int,
              gap: float) -> tuple[float, list[float], float]:
-    """(seconds of the call before the saves, wall seconds of each save call, seconds of the
-    engine's and staging's set-up wherever it ran)."""
+    """(seconds of the manager's construction and the call before the saves, wall seconds of
+    each save call, seconds of the engine's and staging's set-up wherever it ran)."""
     resumed = case.startswith("resumed")
     if not resumed:
         shutil.rmtree(directory, ignore_errors=True)
-    manager = asyncckpt.CheckpointManager(directory, save_interval_steps=1, max_to_keep=2)
     start = time.perf_counter()
+    manager = asyncckpt.CheckpointManager(directory, save_interval_steps=1, max_to_keep=2)
     if resumed:
         first_step = manager.restore(state)
         assert first_step is not None, "nothing to resume from"

@@ -96,6 +96,13 @@ class Checkpointer {
   /// is not read beyond its sizes and devices. FailedPrecondition after close().
   Status prepare(const TensorRegistry& registry, uint64_t reserve_bytes = 0);
 
+  /// prepare() for a state the size of the latest checkpoint's, as a resume will save: staging
+  /// is sized from its index (no registry needed) and made on a thread of its own. One process
+  /// only (FailedPrecondition otherwise, and after close()). Starts the checkpointer (takes the
+  /// directory's lock). False, and nothing prepared, when there is no checkpoint yet. A first save
+  /// of a larger state waits for the saves in flight and re-sizes staging, as save() does.
+  Result<bool> prepare_like_latest();
+
   /// Saves as save() does when due(step); true when a save was taken. With OnBusy::kSkip an
   /// asynchronous save is skipped (false, counted in totals().saves_skipped) while staging is
   /// still held by earlier saves; the next due step tries again.

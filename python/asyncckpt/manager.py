@@ -244,11 +244,6 @@ class CheckpointManager:
         elif process_group is not None:
             raise ValueError("give process_group or coordinator, not both")
         self._coordinator = coordinator
-        # A training job's resume (a schedule says it will save) prepares staging from the
-        # state it restored, unless a save or prepare() did; an evaluation's restore takes no
-        # lock and prepares nothing.
-        self._prepare_at_restore = (bool(asynchronous) and coordinator is None and
-                                    self._scheduled)
         self._core = _core.Checkpointer(self._directory, saver_options, bool(asynchronous),
                                         coordinator)
         self._closed = False
@@ -256,7 +251,22 @@ class CheckpointManager:
         self._saves = _saves.SaveTracker(self._core)
         self._ledger = _steps.StepLedger(self._core.latest_step())
         self._last_submitted: int | None = None
+        # A training job that resumes (a schedule says it will save) prepares staging like the
+        # latest checkpoint while it restores; an evaluation takes no lock and prepares nothing.
+        if bool(asynchronous) and coordinator is None and self._scheduled:
+            self._prepare_like_latest()
         _logging.drain()
+
+    def _prepare_like_latest(self) -> None:
+        """Starts making staging sized like the latest checkpoint, in the background: the first
+        save after a resume would otherwise set it up on the training thread (seconds per GiB).
+        A failure (the directory locked by another job) is logged: the first save meets it again
+        and raises it."""
+        try:
+            self._core.prepare_like_latest()
+        except CheckpointError as error:
+            _logging.logger.warning("could not prepare staging for a resume (the first save "
+                                    "will): %s", error)
 
     # ---- saving ----------------------------------------------------------------------------
 
@@ -284,7 +294,6 @@ class CheckpointManager:
                 self._core.save(step, specs, {**tree_metadata, **step_metadata},
                                 _boxes(leaves))
             self._last_submitted = step
-            self._prepare_at_restore = False
             self._ledger.saved(step)
             future = self._saves.made(step)
         finally:
@@ -297,12 +306,11 @@ class CheckpointManager:
         pays none, and returns without waiting (one process; a job of several waits, as every
         rank prepares together). A save before it is done waits for the rest.
 
-        A resume needs no call: ``restore`` prepares for the state it filled (asynchronous
-        managers of one process with a schedule, before their first save; not with
-        ``partial=True``). ``reserve_bytes``: staging for a
-        state that will grow (0 sizes it for ``state``).
+        A resume needs no call: an asynchronous manager of one process with a schedule starts
+        preparing staging sized like the latest checkpoint when it is made, so it is ready by
+        the time ``restore`` has filled the state. ``reserve_bytes``: staging for a state that
+        will grow (0 sizes it for ``state``).
         """
-        self._prepare_at_restore = False
         leaves, _ = self._flatten_state(state, allow_pickle=True)  # sizes only: no unpickling
         self._core.prepare([leaf.spec() for leaf in leaves], int(reserve_bytes), _boxes(leaves))
 
@@ -351,7 +359,6 @@ class CheckpointManager:
                                               _boxes(leaves))
             self._last_submitted = step  # seen by the C++ timer, saved or skipped
             if taken:
-                self._prepare_at_restore = False
                 self._ledger.saved(step)
                 future = self._saves.made(step)
         finally:
@@ -531,22 +538,7 @@ class CheckpointManager:
         restored = self._read_latest_good(fill, step, fresh_start_allowed=True)
         if isinstance(restored, _resume.Nothing):
             return None
-        if self._prepare_at_restore and not partial:
-            self._prepare_resumed(state)
         return restored
-
-    def _prepare_resumed(self, state: object) -> None:
-        """prepare(state) for the state a resume restored: what the next save will hold, whose
-        staging its first save would otherwise set up on the training thread (seconds per
-        GiB). A failure (the directory locked by another job) is logged: the first save meets
-        it again and raises it."""
-        try:
-            self.prepare(state)
-        except CheckpointError as error:
-            _logging.logger.warning("could not prepare staging after the restore (the first "
-                                    "save will): %s", error)
-        finally:
-            _logging.drain()
 
     def _read_latest_good(self, read: Callable[[_core.Reader], _resume.T], step: int | None, *,
                           fresh_start_allowed: bool) -> _resume.T | _resume.Nothing:

@@ -441,6 +441,10 @@ class PyCheckpointer {
     Check(Locked([&] { return checkpointer_->prepare(registry, reserve_bytes); }));
   }
 
+  bool prepare_like_latest() {
+    return Take(Locked([&] { return checkpointer_->prepare_like_latest(); }));
+  }
+
   bool maybe_save(int64_t step, const std::vector<TensorSpec>& specs,
                   const std::map<std::string, std::string>& metadata, const ShardBoxes& boxes) {
     TensorRegistry registry = ToRegistry(specs, boxes);
@@ -680,6 +684,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("boxes") = ShardBoxes{})
       .def("prepare", &PyCheckpointer::prepare, py::arg("specs"), py::arg("reserve_bytes") = 0,
            py::arg("boxes") = ShardBoxes{})
+      .def("prepare_like_latest", &PyCheckpointer::prepare_like_latest)
       .def("maybe_save", &PyCheckpointer::maybe_save, py::arg("step"), py::arg("specs"),
            py::arg("metadata"), py::arg("boxes") = ShardBoxes{})
       .def("wait_until_finished", &PyCheckpointer::wait_until_finished)

@@ -433,12 +433,18 @@ Result<SnapshotPlan> PlanSnapshot(const TensorRegistry& registry, const EngineOp
   }
   plan.jobs =
       format::PlanChunks(plan.tensors, options.saver.chunk_bytes, options.saver.num_data_files);
-  for (const format::ChunkJob& job : plan.jobs) {
-    const uint64_t staged = StagingPool::RoundUp(job.length);
-    plan.staging.snapshot_bytes += staged;
-    plan.staging.largest_chunk_bytes = std::max(plan.staging.largest_chunk_bytes, staged);
-  }
+  plan.staging = StagingNeedOf(plan.jobs);
   return plan;
+}
+
+StagingNeed StagingNeedOf(std::span<const format::ChunkJob> jobs) {
+  StagingNeed need;
+  for (const format::ChunkJob& job : jobs) {
+    const uint64_t staged = StagingPool::RoundUp(job.length);
+    need.snapshot_bytes += staged;
+    need.largest_chunk_bytes = std::max(need.largest_chunk_bytes, staged);
+  }
+  return need;
 }
 
 Result<uint64_t> StagingBudget(const StagingNeed& need, const SaverOptions& options,

@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,10 @@ struct SnapshotPlan {
 /// the tensors of `registry` for an engine with `options`. Reads no tensor data.
 Result<SnapshotPlan> PlanSnapshot(const TensorRegistry& registry, const EngineOptions& options,
                                   const std::string& context);
+
+/// The staging that the chunks `jobs` take in an engine's pool (PlanSnapshot's rule; a plan made
+/// from sizes alone, such as a checkpoint's index, uses it too).
+StagingNeed StagingNeedOf(std::span<const format::ChunkJob> jobs);
 
 /// The pinned staging an engine for a state of `need` gets: the one sizing rule of every saver
 /// (the hooks, Checkpointer, the input pipeline hook) and of train-sim's memory plan.

@@ -117,10 +117,52 @@ class Checkpointer::Impl {
     ASSIGN_OR_RETURN(SnapshotPlan plan, PlanSnapshot(registry, core_->engine_options(), "prepare"));
     RETURN_IF_ERROR(StagingBudget(plan.staging, core_->options(), mode_).status());
     reserve_bytes_ = std::max(reserve_bytes_, reserve_bytes);
-    preparing_ = std::async(std::launch::async, [this, registry, plan = std::move(plan)] {
-      return PrepareEngine(registry, plan);
-    });
+    StartPreparing(registry, std::move(plan));
     return Status::OK();
+  }
+
+  // A resume's next save holds what the checkpoint it resumes from holds, so staging can be
+  // sized from that checkpoint's index before the state exists: the training thread's restore
+  // and the faulting-in of staging then overlap.
+  Result<bool> PrepareLikeLatest() {
+    if (closed_) return Status::FailedPrecondition("the checkpointer is closed");
+    if (MultiProcess()) {
+      return Status::FailedPrecondition(
+          "prepare_like_latest is for one process: a job of "
+          "several prepares with prepare(), on every rank");
+    }
+    if (Status earlier = AwaitPreparation(); !earlier.ok()) LogWarning(earlier.ToString());
+    // Sized before the start, so that a directory with nothing to resume is not locked yet.
+    Result<std::unique_ptr<CheckpointReader>> latest = Open(std::nullopt);
+    if (latest.status().code() == StatusCode::kNotFound) return false;
+    RETURN_IF_ERROR(latest.status().WithContext("sizing staging like the latest checkpoint"));
+    SnapshotPlan plan = PlanLike(**latest);
+    latest->reset();  // closed before the start, which may quarantine it
+    RETURN_IF_ERROR(StagingBudget(plan.staging, core_->options(), mode_).status());
+    RETURN_IF_ERROR(StartIfDeferred());
+    StartPreparing(TensorRegistry(), std::move(plan));
+    return true;
+  }
+
+  // The plan of a host state shaped as `checkpoint`'s tensors: sizes alone, since PlanChunks
+  // reads no data (sharded: its global tensors, as one process restores them).
+  SnapshotPlan PlanLike(const CheckpointReader& checkpoint) const {
+    SnapshotPlan plan;
+    for (const TensorInfo& info : checkpoint.tensors()) {
+      plan.tensors.push_back(
+          format::HostTensor{info.name, info.dtype, info.shape, nullptr, info.bytes});
+    }
+    const SaverOptions& options = core_->options();
+    plan.jobs = format::PlanChunks(plan.tensors, options.chunk_bytes, options.num_data_files);
+    plan.staging = StagingNeedOf(plan.jobs);
+    return plan;
+  }
+
+  void StartPreparing(TensorRegistry registry, SnapshotPlan plan) {
+    preparing_ = std::async(std::launch::async,
+                            [this, registry = std::move(registry), plan = std::move(plan)] {
+                              return PrepareEngine(registry, plan);
+                            });
   }
 
   Result<bool> Save(int64_t step, const TensorRegistry& registry,
@@ -356,6 +398,8 @@ Status Checkpointer::save(int64_t step, const TensorRegistry& registry,
 Status Checkpointer::prepare(const TensorRegistry& registry, uint64_t reserve_bytes) {
   return impl_->Prepare(registry, reserve_bytes);
 }
+
+Result<bool> Checkpointer::prepare_like_latest() { return impl_->PrepareLikeLatest(); }
 
 Result<bool> Checkpointer::maybe_save(int64_t step, const TensorRegistry& registry,
                                       const std::map<std::string, std::string>& user_metadata) {

@@ -1,6 +1,6 @@
 """CheckpointManager.prepare: the engine and pinned staging exist before the first save, which
 then costs what a later save costs, and the start-up cost is reported on its own. prepare()
-returns at once and makes them in the background; a training job's restore prepares by
+returns at once and makes them in the background; a training job's resuming manager prepares by
 itself."""
 
 import logging
@@ -66,42 +66,64 @@ def saved(tmp_path):
         manager.save(5, state())
 
 
-def test_a_training_jobs_restore_prepares_staging_before_its_first_save(tmp_path):
+def test_a_training_jobs_manager_prepares_staging_like_the_latest_checkpoint(tmp_path):
     saved(tmp_path)
     manager = asyncckpt.CheckpointManager(tmp_path, save_interval_steps=10)
+    manager.wait_until_finished()  # the preparation the constructor started, and only that
+    startup = manager.stats().startup_seconds
+    assert startup > 0, "the resuming manager prepared nothing"
     restored = {key: np.zeros_like(value) for key, value in state().items()}
     assert manager.restore(restored) == 5
-    manager.wait_until_finished()
-    startup = manager.stats().startup_seconds
-    assert startup > 0, "restore prepared nothing"
     manager.save(10, restored)
     manager.close()
     assert manager.stats().startup_seconds == startup  # the save found its engine made
 
 
-@pytest.mark.parametrize("manager_options, restore_options", [
-    ({}, {}),  # no schedule: an evaluation's restore, which takes no lock
-    ({"save_interval_steps": 10}, {"partial": True}),  # a subset says nothing of the next save
-    ({"save_interval_steps": 10, "asynchronous": False}, {}),  # no staging to prepare
+def test_staging_prepared_like_a_smaller_checkpoint_is_remade_for_a_larger_state(tmp_path):
+    saved(tmp_path)
+    manager = asyncckpt.CheckpointManager(tmp_path, save_interval_steps=10)
+    manager.wait_until_finished()
+    startup = manager.stats().startup_seconds
+    grown = {**state(), "extra": np.ones(1 << 20, dtype=np.float32)}
+    manager.save(10, grown)
+    manager.close()
+    assert manager.stats().startup_seconds > startup  # staging re-sized for the larger state
+    restored = {key: np.zeros_like(value) for key, value in grown.items()}
+    assert asyncckpt.CheckpointManager(tmp_path).restore(restored) == 10
+    assert all(np.array_equal(restored[key], grown[key]) for key in grown)
+
+
+@pytest.mark.parametrize("manager_options", [
+    {},  # no schedule: an evaluation, which takes no lock
+    {"save_interval_steps": 10, "asynchronous": False},  # no staging to prepare
 ])
-def test_other_restores_prepare_nothing(tmp_path, manager_options, restore_options):
+def test_other_managers_prepare_nothing(tmp_path, manager_options):
     saved(tmp_path)
     manager = asyncckpt.CheckpointManager(tmp_path, **manager_options)
     restored = {key: np.zeros_like(value) for key, value in state().items()}
-    assert manager.restore(restored, **restore_options) == 5
+    assert manager.restore(restored) == 5
     manager.wait_until_finished()
     assert manager.stats().startup_seconds == 0
     manager.close()
 
 
-def test_a_restore_beside_a_job_holding_the_directory_logs_and_restores(tmp_path, caplog):
+def test_a_fresh_directory_prepares_nothing_and_takes_no_lock(tmp_path):
+    manager = asyncckpt.CheckpointManager(tmp_path, save_interval_steps=10)
+    with asyncckpt.CheckpointManager(tmp_path) as other:
+        other.save(1, state())  # the lock is free: the first manager took none
+    manager.wait_until_finished()
+    assert manager.stats().startup_seconds == 0
+    manager.close()
+
+
+def test_a_resume_beside_a_job_holding_the_directory_logs_and_restores(tmp_path, caplog):
     saved(tmp_path)
     with asyncckpt.CheckpointManager(tmp_path) as holder:
         holder.save(6, state())  # takes the directory's lock
         holder.wait_until_finished()
-        manager = asyncckpt.CheckpointManager(tmp_path, save_interval_steps=10)
-        restored = {key: np.zeros_like(value) for key, value in state().items()}
         with caplog.at_level(logging.WARNING, logger="asyncckpt"):
-            assert manager.restore(restored) == 6
-        assert "could not prepare staging after the restore" in caplog.text
+            manager = asyncckpt.CheckpointManager(tmp_path, save_interval_steps=10)
+        assert "could not prepare staging for a resume" in caplog.text
+        restored = {key: np.zeros_like(value) for key, value in state().items()}
+        assert manager.restore(restored) == 6
         manager.close()

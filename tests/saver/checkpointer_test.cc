@@ -278,6 +278,39 @@ TEST_P(CheckpointerTest, PrepareCreatesStagingOnceAndTheSavesOfAGrowingStateReus
   EXPECT_EQ(checkpointer->prepare(Registry()).code(), StatusCode::kFailedPrecondition);
 }
 
+TEST_P(CheckpointerTest, PrepareLikeLatestSizesStagingFromTheCheckpointAResumeWillSave) {
+  {
+    auto fresh = Make(Options());
+    ASSERT_NE(fresh, nullptr);
+    Result<bool> prepared = fresh->prepare_like_latest();
+    ASSERT_TRUE(prepared.ok()) << prepared.status().ToString();
+    EXPECT_FALSE(*prepared);  // nothing to resume from: nothing made, no lock taken
+    SetState(1);
+    ASSERT_TRUE(fresh->save(1, Registry()).ok());
+    ASSERT_TRUE(fresh->close().ok());
+  }
+  auto resumed = Make(Options());
+  ASSERT_NE(resumed, nullptr);
+  Result<bool> prepared = resumed->prepare_like_latest();
+  ASSERT_TRUE(prepared.ok()) << prepared.status().ToString();
+  EXPECT_TRUE(*prepared);
+  ASSERT_TRUE(resumed->wait_until_finished().ok());
+  const double startup = resumed->totals().startup_seconds;
+  EXPECT_GT(startup, 0);
+  SetState(2);
+  ASSERT_TRUE(resumed->save(2, Registry()).ok());  // the same state: the staging made fits
+  EXPECT_EQ(resumed->totals().startup_seconds, startup);
+  SetState(3);
+  ASSERT_TRUE(resumed->save(3, Registry(/*with_optimizer=*/true)).ok());  // a larger one
+  ASSERT_TRUE(resumed->close().ok());
+  if (asynchronous()) {
+    EXPECT_GT(resumed->totals().startup_seconds, startup);
+  }
+  ExpectHoldsStep(2);
+  ExpectHoldsStep(3, /*with_optimizer=*/true);
+  EXPECT_EQ(resumed->prepare_like_latest().status().code(), StatusCode::kFailedPrecondition);
+}
+
 TEST_P(CheckpointerTest, AFirstSaveThatCreatesTheEngineCountsItAsBlocked) {
   auto checkpointer = Make(Options());
   ASSERT_NE(checkpointer, nullptr);
