@@ -13,8 +13,16 @@ Per state size (8 float32 tensors unless said otherwise):
             (background_threads = cores), beside a parallel memcpy of the same bytes on the
             same cores in the same process; twice each, alternating, averaged; with the CPU
             the process got (cores used) and the rate per CPU-second
-  tmpfs     train-sim, asynchronous hook, raw, checkpoints on tmpfs; beside fio's buffered
-            write + fsync of the same bytes to the same tmpfs, and each save's memcpy
+  tmpfs     train-sim, asynchronous hook, raw, checkpoints on tmpfs, paced (saves spaced so that
+            one is durable at half fio's speed before the next is due, --step_ms 100); beside
+            fio's buffered write + fsync of the same bytes to the same tmpfs, and each save's
+            memcpy
+  unpaced   issue 33's run, the headline: train-sim --step_ms 0 --save_steps 5 --steps 20
+            (saves as fast as the update allows, nothing hides a slow sink) on tmpfs and on the
+            disk (O_DIRECT) in turn, and fio's buffered write + fsync of a new file
+            (--fallocate=none) into the same tmpfs while the same update runs (train-sim
+            --saver none): time to durable on tmpfs against the disk's, persist against fio's,
+            blocked against memcpy
   disk      train-sim --saver none, then the asynchronous hook (raw, io_uring) on the disk with
             the training update running; beside fio's O_DIRECT write and read of the same
             bytes (io_uring, 1 MiB, QD 16); restore with asyncckpt restore-bench, page cache
@@ -31,6 +39,7 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 
@@ -128,7 +137,9 @@ TMPFS_CHECKPOINTS = 3  # the latest two kept, and the one being written
 
 def result_name(args):
     """bench-sinks for the default 1 GiB; other sizes are named, so they do not replace it."""
-    return "bench-sinks" if args.sizes == "1GiB" else "bench-sinks-" + args.sizes.replace(",", "-")
+    name = "bench-sinks" if args.sizes == "1GiB" else "bench-sinks-" + args.sizes.replace(",", "-")
+    everything = {"ceiling", "tmpfs", "disk", "small"}
+    return name if args.parts == everything else name + "-" + "-".join(sorted(args.parts))
 
 
 def tmpfs_fits(size):
@@ -156,31 +167,119 @@ def measure_tmpfs(args, size, out):
                     "blocked_over_memcpy": m.get("blocked_over_memcpy_median"),
                     "blocked_s": m.get("blocked_seconds_per_save_median"),
                     "memcpy_s": m.get("state_memcpy_seconds"), "save_steps": save_steps}
-    rb.log(f"    async raw: blocked {out['tmpfs']['blocked_s']:.3f} s "
+    rb.log(f"    paced async raw: blocked {out['tmpfs']['blocked_s']:.3f} s "
            f"({out['tmpfs']['blocked_over_memcpy']:.2f} x memcpy), persist "
            f"{fmt_mb(out['tmpfs']['persist_bps'])}")
 
 
+UNPACED_SAVE_STEPS = 5  # issue 33's run: a save every 5 unpaced steps, 20 steps
+UNPACED_STEPS = 20
+
+
+def unpaced(args):
+    """args for the unpaced runs: no simulated accelerator time."""
+    a = copy.copy(args)
+    a.step_ms = 0
+    a.restore_runs = 1
+    return a
+
+
+def resident_bytes(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            line = next(x for x in f if x.startswith("VmRSS:"))
+        return int(line.split()[1]) * 1024
+    except (OSError, StopIteration):
+        return 0
+
+
+def fio_beside_update(args, size):
+    """fio's buffered write + fsync of a new file into tmpfs while train-sim --saver none runs the
+    same unpaced update (started first; fio begins once the state is resident and a second of
+    steps has run; the update is stopped after fio ends)."""
+    ckpt = os.path.join(args.bench_dir, "ckpt-update")
+    cmd = [args.cli, "train-sim", f"--model_bytes={size}", "--optimizer=sgd", "--tensors=8",
+           "--steps=100000", "--step_ms=0", "--saver=none", f"--checkpoint_dir={ckpt}",
+           "--quiet"] + args.train_sim_flags
+    update = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while resident_bytes(update.pid) < size and update.poll() is None:
+            if time.time() > deadline:
+                raise SystemExit("sink_bench: the update never held its state")
+            time.sleep(0.1)
+        time.sleep(1.0)
+        if update.poll() is not None:
+            raise SystemExit(f"sink_bench: the update ended early ({' '.join(cmd)})")
+        return fio_job(args.shm_dir, size, "write", False, preallocate=False)
+    finally:
+        update.terminate()
+        update.wait()
+        shutil.rmtree(ckpt, ignore_errors=True)
+
+
+def durable_median(m):
+    saves = [s["seconds_to_durable"] for s in m.get("saves", []) if s.get("ok")]
+    return statistics.median(saves) if saves else None
+
+
+def unpaced_summary(m):
+    return {"persist_bps": persist(m), "durable_s": durable_median(m),
+            "blocked_over_memcpy": m.get("blocked_over_memcpy_median"),
+            "blocked_s": m.get("blocked_seconds_per_save_median"),
+            "memcpy_s": m.get("state_memcpy_seconds"), "step_ms_p50": m.get("step_ms_p50"),
+            "saves": [{k: s.get(k) for k in ("step", "blocked_seconds", "seconds_to_durable",
+                                              "state_memcpy_seconds")}
+                      for s in m.get("saves", [])]}
+
+
+def measure_unpaced(args, size, out):
+    """Issue 33's unpaced run on tmpfs, then on the disk, then fio beside the same update."""
+    a = unpaced(args)
+    load = os.getloadavg()[0]
+    shm = run_train_sim(a, size, 8, "async-uring", UNPACED_SAVE_STEPS, UNPACED_STEPS,
+                        "unpaced-shm", args.shm_dir)
+    disk = run_train_sim(a, size, 8, "async-uring", UNPACED_SAVE_STEPS, UNPACED_STEPS,
+                         "unpaced-disk")
+    fio_update = fio_beside_update(a, size)
+    out["unpaced"] = {"tmpfs": unpaced_summary(shm), "disk": unpaced_summary(disk),
+                      "fio_write_beside_update_bps": fio_update, "load_at_start": load,
+                      "command": shm.get("command")}
+    t, d = out["unpaced"]["tmpfs"], out["unpaced"]["disk"]
+    rb.log(f"    unpaced tmpfs: durable {fmt(t['durable_s'])} s, persist {fmt_mb(t['persist_bps'])}"
+           f", blocked {fmt(t['blocked_over_memcpy'])} x memcpy, step p50 "
+           f"{fmt(t['step_ms_p50'], '.0f')} ms")
+    rb.log(f"    unpaced disk:  durable {fmt(d['durable_s'])} s, persist {fmt_mb(d['persist_bps'])}"
+           f", blocked {fmt(d['blocked_over_memcpy'])} x memcpy, step p50 "
+           f"{fmt(d['step_ms_p50'], '.0f')} ms")
+    rb.log(f"    fio buffered write + fsync of a new file beside the update {fmt_mb(fio_update)}")
+
+
 def measure_size(args, size):
-    out = {"ceiling": {}, "tmpfs": {}, "disk": {}, "small": {}}
+    out = {"ceiling": {}, "tmpfs": {}, "unpaced": {}, "disk": {}, "small": {}}
     rb.log(f"\n== {rb.size_name(size)}: engine ceiling, null sink")
     # Alternating 1, all, 1, all: the load of a shared machine drifts within minutes, so each
     # side gets the mean of two runs taken in turn.
     runs = {}
-    for _ in range(CEILING_REPEATS):
+    for _ in range(CEILING_REPEATS if "ceiling" in args.parts else 0):
         for cores in sorted({1, os.cpu_count()}):
             runs.setdefault(cores, []).append(engine_ceiling(args, size, cores))
     for cores, taken in runs.items():
         out["ceiling"][cores] = mean_ceiling(taken)
 
     rb.log(f"== {rb.size_name(size)}: tmpfs ({args.shm_dir})")
-    if not tmpfs_fits(size):
+    if "tmpfs" not in args.parts:
+        rb.log("    not asked for (--parts)")
+    elif not tmpfs_fits(size):
         rb.log(f"    skipped: the state, its staging and {TMPFS_CHECKPOINTS} checkpoints in "
                f"/dev/shm would take more than the memory available")
     else:
         measure_tmpfs(args, size, out)
+        measure_unpaced(args, size, out)
 
     for layout, tensors in (("disk", 8), ("small", 10000)):
+        if layout not in args.parts:
+            continue
         rb.log(f"== {rb.size_name(size)}: disk ({args.bench_dir}), {tensors} tensors")
         limit = fio_pair(args.bench_dir, size)
         rb.log(f"    fio O_DIRECT QD {FIO_QD}: write {fmt_mb(limit['write'])}, "
@@ -249,13 +348,31 @@ def targets(results):
                     f"{b / a:.2f}", ">= 1.70", b / a >= 1.7,
                     f"cores used {one['by_codec'][codec]['cores_used']:.2f} -> "
                     f"{many['by_codec'][codec]['cores_used']:.2f}")
+        u = r.get("unpaced") or {}
+        ut, ud = u.get("tmpfs") or {}, u.get("disk") or {}
+        if ut.get("durable_s") and ud.get("durable_s"):
+            x = ut["durable_s"] / ud["durable_s"]
+            add(f"tmpfs unpaced, time to durable / disk O_DIRECT unpaced, {size_key}",
+                f"{x:.2f}", "<= 1.00", x <= 1.0,
+                f"{ut['durable_s']:.2f} s / {ud['durable_s']:.2f} s (medians); step p50 "
+                f"{fmt(ut.get('step_ms_p50'), '.0f')} / {fmt(ud.get('step_ms_p50'), '.0f')} ms; "
+                f"load {fmt(u.get('load_at_start'), '.1f')}")
+        if ut.get("persist_bps") and u.get("fio_write_beside_update_bps"):
+            x = ut["persist_bps"] / u["fio_write_beside_update_bps"]
+            add(f"tmpfs unpaced, persist / fio buffered write + fsync of a new file beside the "
+                f"update, {size_key}", f"{x:.2f}", ">= 0.80", x >= 0.8,
+                f"{fmt_mb(ut['persist_bps'])} / {fmt_mb(u['fio_write_beside_update_bps'])}")
+        if ut.get("blocked_over_memcpy") is not None:
+            add(f"tmpfs unpaced, blocked / memcpy, {size_key}",
+                f"{ut['blocked_over_memcpy']:.2f}", "<= 1.20", ut["blocked_over_memcpy"] <= 1.2,
+                f"{fmt(ut.get('blocked_s'), '.3f')} s / {fmt(ut.get('memcpy_s'), '.3f')} s")
         t = r["tmpfs"]
         if t.get("blocked_over_memcpy") is not None:
-            add(f"tmpfs, blocked / memcpy, {size_key}", f"{t['blocked_over_memcpy']:.2f}",
+            add(f"tmpfs paced, blocked / memcpy, {size_key}", f"{t['blocked_over_memcpy']:.2f}",
                 "<= 1.20", t["blocked_over_memcpy"] <= 1.2)
         if t.get("persist_bps") and t.get("fio_write_bps"):
             x = t["persist_bps"] / t["fio_write_bps"]
-            add(f"tmpfs, persist / fio buffered write + fsync of a new file, {size_key}",
+            add(f"tmpfs paced, persist / fio buffered write + fsync of a new file, {size_key}",
                 f"{x:.2f}", ">= 0.80", x >= 0.8,
                 f"{fmt_mb(t['persist_bps'])} / {fmt_mb(t['fio_write_bps'])}; into a "
                 f"preallocated file {fmt_mb(t.get('fio_overwrite_bps'))}")
@@ -288,6 +405,32 @@ def markdown(report):
     for t in report["targets"]:
         lines.append(f"| {t['target']} | {t['value']} | {t['goal']} | "
                      f"{'met' if t['met'] else 'MISSED'} | {t['note']} |")
+    lines += ["", ("Unpaced (issue 33's run: --step_ms 0 --save_steps 5 --steps 20 --max_to_keep 2, "
+               "tmpfs then the disk with O_DIRECT, medians over the saves; fio's new-file write "
+               "into the same tmpfs while train-sim --saver none runs the same update):"), "",
+              ("| size | sink | time to durable s | persist MB/s | blocked / memcpy | step p50 ms | "
+               "per save: durable s (blocked s) | fio beside the update MB/s | load |"),
+              "|---|---|---|---|---|---|---|---|---|"]
+    for size_key, r in report["results"].items():
+        u = r.get("unpaced") or {}
+        for sink in ("tmpfs", "disk"):
+            x = u.get(sink)
+            if not x:
+                continue
+            per_save = ", ".join(f"{fmt(s['seconds_to_durable'])} ({fmt(s['blocked_seconds'])})"
+                                 for s in x["saves"])
+            lines.append(f"| {size_key} | {sink} | {fmt(x['durable_s'])} | "
+                         f"{fmt_mb(x['persist_bps'])} | {fmt(x['blocked_over_memcpy'])} | "
+                         f"{fmt(x['step_ms_p50'], '.0f')} | {per_save} | "
+                         f"{fmt_mb(u.get('fio_write_beside_update_bps')) if sink == 'tmpfs' else '-'} | "
+                         f"{fmt(u.get('load_at_start'), '.1f')} |")
+    skipped = [k for k, r in report["results"].items() if not r.get("unpaced")]
+    if skipped:
+        lines += ["", (f"No tmpfs runs at {', '.join(skipped)}: not asked for, or the state, its "
+                       "staging and the checkpoints in /dev/shm would not fit in the memory "
+                       "available then (the log says which).")]
+    if not any(r["ceiling"] for r in report["results"].values()):
+        return "\n".join(lines)
     lines += ["", ("Null-sink ceiling (engine_ceiling: medians of 5 saves after a warm-up, mean of "
                "two runs taken in turn):"), "",
               ("| size | cores | memcpy MB/s | raw MB/s | shuffle+zstd L1 MB/s | stored/raw | "
@@ -312,9 +455,12 @@ def main():
                                                  "results", "sinks"))
     p.add_argument("--sizes", default="1GiB")
     p.add_argument("--step-ms", type=float, default=100)
+    p.add_argument("--parts", default="ceiling,tmpfs,disk,small",
+                   help="which of ceiling, tmpfs (paced and unpaced), disk, small to run")
     p.add_argument("--command", default=None)
     p.add_argument("train_sim_flags", nargs="*")
     args = p.parse_args()
+    args.parts = set(args.parts.split(","))
     args.cli = os.path.join(args.build, "bin", "asyncckpt")
     args.restore_runs = 3
     args.restore_bench = rb.has_restore_bench(args.cli)

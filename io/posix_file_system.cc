@@ -281,8 +281,8 @@ IoStatus UnexpectedEndOfFile(const std::string& path, uint64_t offset, size_t go
                            std::to_string(got) + " of " + std::to_string(want) + " bytes)");
 }
 
-PosixFile::PosixFile(std::string path, int fd, bool direct)
-    : path_(std::move(path)), fd_(fd), direct_(direct) {}
+PosixFile::PosixFile(std::string path, int fd, bool direct, bool in_memory)
+    : path_(std::move(path)), fd_(fd), direct_(direct), in_memory_(in_memory) {}
 
 PosixFile::~PosixFile() {
   // A close() failure cannot be reported from here; durability comes from sync().
@@ -357,9 +357,8 @@ bool MemoryBacked(int fd) {
   return ::fstatfs(fd, &fs) == 0 && (fs.f_type == kTmpfsMagic || fs.f_type == kRamfsMagic);
 }
 
-// Clears O_DIRECT on a memory-backed file; false (direct stays) anywhere else or on failure.
-bool DropDirectOnMemory(int fd) {
-  if (!MemoryBacked(fd)) return false;
+// Clears O_DIRECT (on a memory-backed file); false when it cannot.
+bool DropDirect(int fd) {
   const int flags = ::fcntl(fd, F_GETFL);
   return flags >= 0 && ::fcntl(fd, F_SETFL, flags & ~O_DIRECT) == 0;
 }
@@ -388,8 +387,9 @@ IoStatus OpenPosixFile(const std::string& path, const OpenOptions& options,
   }
   ScopedFd owned(fd);
   if (IoStatus s = RequireRegularFile(owned.get(), path); !s.ok()) return s;
-  if (direct && DropDirectOnMemory(owned.get())) direct = false;
-  *file = std::make_unique<PosixFile>(path, owned.release(), direct);
+  const bool in_memory = MemoryBacked(owned.get());
+  if (direct && in_memory && DropDirect(owned.get())) direct = false;
+  *file = std::make_unique<PosixFile>(path, owned.release(), direct, in_memory);
   return IoStatus::Ok();
 }
 

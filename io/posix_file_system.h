@@ -26,7 +26,7 @@ IoStatus UnexpectedEndOfFile(const std::string& path, uint64_t offset, size_t go
 class PosixFile final : public File {
  public:
   /// Takes ownership of fd.
-  PosixFile(std::string path, int fd, bool direct);
+  PosixFile(std::string path, int fd, bool direct, bool in_memory = false);
   ~PosixFile() override;
   PosixFile(const PosixFile&) = delete;
   PosixFile& operator=(const PosixFile&) = delete;
@@ -41,15 +41,18 @@ class PosixFile final : public File {
   /// fallocate(2) mode 0; ENOTSUP also where the kernel lacks the call (ENOSYS).
   IoStatus allocate(uint64_t offset, uint64_t n) override;
   int fd() const override { return fd_; }
+  bool in_memory() const override { return in_memory_; }
 
  private:
   std::string path_;
   int fd_;
   bool direct_;
+  bool in_memory_;
 };
 
 /// Opens `path` with O_CLOEXEC; options.direct adds O_DIRECT, dropped again (is_direct()
-/// false) when the file system answers EINVAL or keeps files in memory (tmpfs, ramfs). New files
+/// false) when the file system answers EINVAL or keeps files in memory (tmpfs, ramfs), which
+/// in_memory() reports. New files
 /// get mode 0666 less the umask. Opened with O_NONBLOCK and checked with fstat() at once: anything
 /// but a regular file is refused (see FileSystem) before it is read, and O_NONBLOCK is cleared on a
 /// regular file.

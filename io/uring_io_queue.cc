@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "asyncckpt/limits.h"
+#include "io/per_file_io_queue.h"
 #include "io/posix_file_system.h"
 #include "io/thread_pool_io_queue.h"
 
@@ -111,6 +112,9 @@ UringIoQueue::UringIoQueue(UringIoQueueSettings settings, std::unique_ptr<Ring> 
     : on_complete_(std::move(settings.options.on_complete)),
       depth_(settings.options.depth),
       max_piece_(settings.max_piece_bytes),
+      max_file_threads_(settings.max_file_threads != 0
+                            ? settings.max_file_threads
+                            : std::max(1u, std::thread::hardware_concurrency())),
       fixed_buffers_(std::move(settings.fixed_buffers)),
       ring_(std::move(ring)),
       slots_(depth_) {
@@ -128,9 +132,10 @@ UringIoQueue::~UringIoQueue() {
   }
   Wake(/*force=*/true);
   owner_.join();
-  // Its requests all finished (drain); this joins its threads before the eventfd they may
+  // Its requests all finished (drain); this joins their threads before the eventfd they may
   // still write to is closed with the ring.
   pool_.reset();
+  file_threads_.reset();
 }
 
 // ---- submitter side -----------------------------------------------------------------------------
@@ -287,6 +292,8 @@ void UringIoQueue::Start(const Request& request) {
   }
   if (request.file->fd() < 0) {
     RunInPool(slot);
+  } else if (request.write && request.file->in_memory()) {
+    RunOnFileThread(slot);
   } else {
     Prepare(slot);
   }
@@ -397,6 +404,19 @@ void UringIoQueue::RunInPool(uint32_t slot) {
   } else {
     pool_->submit_read(ReadOp{r.file, r.offset, r.data, r.length}, slot);
   }
+}
+
+void UringIoQueue::RunOnFileThread(uint32_t slot) {
+  if (file_threads_ == nullptr) {
+    IoQueueOptions options{depth_, [this](uint64_t pool_tag, IoStatus status) {
+                             PoolDone(static_cast<uint32_t>(pool_tag), std::move(status));
+                           }};
+    // Fails only for options that are valid here.
+    (void)NewPerFileIoQueue(options, max_file_threads_, &file_threads_);
+  }
+  file_thread_requests_.fetch_add(1, std::memory_order_relaxed);
+  const Request& r = slots_[slot];
+  file_threads_->submit_write(WriteOp{r.file, r.offset, r.data, r.length}, slot);
 }
 
 // ---- either side --------------------------------------------------------------------------------

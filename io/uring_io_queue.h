@@ -14,7 +14,9 @@
 // -EAGAIN/-EINTR are resubmitted as they were, anything else fails the request, and a
 // finished request's callback runs on the owner thread. A request on a File with no
 // descriptor (fd() == -1: a wrapper whose Files add behaviour) runs through File::write_at /
-// read_at on a small thread pool instead, counted against the same depth. The destructor
+// read_at on a small thread pool instead, and a write to a file that lives in memory
+// (File::in_memory(): tmpfs, ramfs) on a thread of its file (io/per_file_io_queue.h), both
+// counted against the same depth. The destructor
 // drains, then stops the owner by the same eventfd, whose read is the last request of the
 // ring; the ring is closed with nothing in flight.
 //
@@ -93,6 +95,8 @@ struct UringIoQueueSettings {
   /// Most bytes in one SQE: Linux moves at most ~2 GiB per call and io_uring lengths are 32
   /// bits. Tests lower it to see a request go in pieces. A multiple of 4096 (O_DIRECT).
   size_t max_piece_bytes = size_t{1} << 30;
+  /// Most threads that write files living in memory (File::in_memory()); 0: one per CPU.
+  unsigned max_file_threads = 0;
 };
 
 /// The io_uring IoQueue described at the top of this file. Thread-safe as any IoQueue.
@@ -120,6 +124,10 @@ class UringIoQueue final : public IoQueue {
   unsigned most_in_flight() const { return most_in_flight_.load(std::memory_order_relaxed); }
   /// Requests that went through the thread pool (Files without a descriptor).
   uint64_t pool_requests() const { return pool_requests_.load(std::memory_order_relaxed); }
+  /// Writes that ran on a file's thread (files living in memory) instead of the ring.
+  uint64_t file_thread_requests() const {
+    return file_thread_requests_.load(std::memory_order_relaxed);
+  }
 
  private:
   friend class UringFixedBuffers;
@@ -157,6 +165,7 @@ class UringIoQueue final : public IoQueue {
   void Complete(uint32_t slot, int res);
   void Finish(uint32_t slot, IoStatus status);
   void RunInPool(uint32_t slot);
+  void RunOnFileThread(uint32_t slot);
 
   // Either side.
   void Callback(uint64_t tag, IoStatus status);
@@ -171,6 +180,7 @@ class UringIoQueue final : public IoQueue {
   const IoCallback on_complete_;
   const unsigned depth_;
   const size_t max_piece_;
+  const unsigned max_file_threads_;
   const std::shared_ptr<UringFixedBuffers> fixed_buffers_;
   const std::unique_ptr<Ring> ring_;
 
@@ -186,23 +196,25 @@ class UringIoQueue final : public IoQueue {
   int registration_error_ = 0;            // guarded by mu_: errno of registering it
 
   // The owner thread's own state.
-  std::deque<Request> pending_;       // taken from submitted_, not started, oldest first
-  std::vector<Request> slots_;        // depth_ of them; an SQE's user_data is its slot
-  std::vector<uint32_t> free_slots_;  // slots not in flight
-  unsigned in_flight_ = 0;            // ring and pool
-  unsigned fixed_in_flight_ = 0;      // SQEs in flight that use the ring's table
-  bool wake_armed_ = false;           // the eventfd read is in the ring
-  bool owner_submitted_ = false;      // a callback on the owner submitted since the last take
-  uint64_t wake_value_ = 0;           // that read's buffer
-  uint64_t owner_generation_ = 0;     // the table the ring holds
-  bool use_fixed_ = false;            // false while a new table waits for fixed SQEs to end
-  std::vector<iovec> fixed_;          // the ring's table
-  std::unique_ptr<IoQueue> pool_;     // made for the first request without a descriptor
+  std::deque<Request> pending_;            // taken from submitted_, not started, oldest first
+  std::vector<Request> slots_;             // depth_ of them; an SQE's user_data is its slot
+  std::vector<uint32_t> free_slots_;       // slots not in flight
+  unsigned in_flight_ = 0;                 // ring and pool
+  unsigned fixed_in_flight_ = 0;           // SQEs in flight that use the ring's table
+  bool wake_armed_ = false;                // the eventfd read is in the ring
+  bool owner_submitted_ = false;           // a callback on the owner submitted since the last take
+  uint64_t wake_value_ = 0;                // that read's buffer
+  uint64_t owner_generation_ = 0;          // the table the ring holds
+  bool use_fixed_ = false;                 // false while a new table waits for fixed SQEs to end
+  std::vector<iovec> fixed_;               // the ring's table
+  std::unique_ptr<IoQueue> pool_;          // made for the first request without a descriptor
+  std::unique_ptr<IoQueue> file_threads_;  // made for the first write of an in-memory file
 
   std::atomic<uint64_t> fixed_ops_{0};
   std::atomic<uint64_t> continuations_{0};
   std::atomic<unsigned> most_in_flight_{0};
   std::atomic<uint64_t> pool_requests_{0};
+  std::atomic<uint64_t> file_thread_requests_{0};
   std::thread::id owner_id_;
   std::thread owner_;
 };

@@ -97,6 +97,10 @@ class File {
   }
   /// The raw descriptor, for backends that submit I/O themselves; -1 if there is none.
   virtual int fd() const = 0;
+  /// True when the file lives in memory (tmpfs, ramfs): a write is the kernel copying into its
+  /// pages on the writing CPU, not a transfer a device does, so an IoQueue writes it from a
+  /// thread of its own rather than through a ring (io/per_file_io_queue.h says why).
+  virtual bool in_memory() const { return false; }
 };
 
 /// An exclusive advisory lock on a file (FileSystem::lock_file), held until destroyed.

@@ -129,8 +129,12 @@ class SaveGraph::Impl {
 
   void PutChunks(std::vector<ChunkPtr> wave) {
     pending_encode_ += static_cast<int64_t>(wave.size());
+    // Put last chunk first: each try_put spawns into this thread's own task pool, which it runs
+    // newest first. In order, a thread alone in the arena (the pump, while the job's own
+    // parallel_for holds oneTBB's workers) encoded the whole wave, a full snapshot, before chunk
+    // 0 reached the sequencer and the first write could start (issue 33).
     EnqueueInGraph([this, wave = std::move(wave)] {
-      for (const auto& msg : wave) encode_->try_put(msg);
+      for (auto it = wave.rbegin(); it != wave.rend(); ++it) encode_->try_put(*it);
     });
     pump_->Kick();
   }

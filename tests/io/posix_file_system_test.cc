@@ -718,5 +718,35 @@ TEST(PosixFileSystemMemoryTest, DirectOnTmpfsOpensBuffered) {
   std::filesystem::remove_all(pattern);
 }
 
+// The IoQueues write such a file from a thread of its own instead of a ring (per_file_io_queue.h).
+TEST(PosixFileSystemMemoryTest, AFileOnTmpfsSaysItLivesInMemoryAndOneOnDiskDoesNot) {
+  struct statfs fs;
+  if (::statfs("/dev/shm", &fs) != 0 || fs.f_type != 0x01021994) {
+    GTEST_SKIP() << "/dev/shm is not tmpfs here";
+  }
+  char shm[] = "/dev/shm/asyncckpt-memory-XXXXXX";
+  ASSERT_NE(::mkdtemp(shm), nullptr);
+  const std::string disk_dir = ::testing::TempDir() + "/asyncckpt-memory-XXXXXX";
+  std::string disk = disk_dir;
+  ASSERT_NE(::mkdtemp(disk.data()), nullptr);
+  if (::statfs(disk.c_str(), &fs) == 0 && fs.f_type == 0x01021994) {
+    std::filesystem::remove_all(shm);
+    std::filesystem::remove_all(disk);
+    GTEST_SKIP() << "the test's temporary directory is on tmpfs too";
+  }
+  auto posix = NewPosixFileSystem();
+  const OpenOptions options{.write = true, .create = true};
+  std::unique_ptr<File> in_memory;
+  std::unique_ptr<File> on_disk;
+  ASSERT_TRUE(posix->open(std::string(shm) + "/f", options, &in_memory).ok());
+  ASSERT_TRUE(posix->open(disk + "/f", options, &on_disk).ok());
+  EXPECT_TRUE(in_memory->in_memory());
+  EXPECT_FALSE(on_disk->in_memory());
+  in_memory.reset();
+  on_disk.reset();
+  std::filesystem::remove_all(shm);
+  std::filesystem::remove_all(disk);
+}
+
 }  // namespace
 }  // namespace asyncckpt::io

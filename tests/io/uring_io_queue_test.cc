@@ -1,8 +1,8 @@
 // The io_uring IoQueue beyond the common contract (tests/io/io_queue_test.cc): requests stay in
-// the ring (no thread pool), large requests go in pieces, the remainder of a short read or a
-// short write is resubmitted, registered buffers are used when a request lies inside one,
-// registration can change under a live queue, and a refused registration leaves I/O working.
-// Skipped without io_uring.
+// the ring (no thread pool) except writes to files in memory (a thread per file), large requests
+// go in pieces, the remainder of a short read or a short write is resubmitted, registered
+// buffers are used when a request lies inside one, registration can change under a live queue,
+// and a refused registration leaves I/O working. Skipped without io_uring.
 
 #include "io/uring_io_queue.h"
 
@@ -19,7 +19,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "asyncckpt/file_system.h"
@@ -336,6 +338,62 @@ TEST_F(UringIoQueueTest, DestroyingAQueueWithRequestsOutstandingCompletesThemAll
   uint64_t size = 0;
   ASSERT_TRUE(file->size(&size).ok());
   EXPECT_EQ(size, 256 * kBlock);
+}
+
+// io_uring hands buffered writes to tmpfs to one io-wq worker per ring, so writes to files in
+// memory go to threads of their files instead: the two files' writes run off the ring's owner
+// (which completes what the ring wrote, here a file on disk) and on more than one thread.
+TEST_F(UringIoQueueTest, WritesToFilesInMemoryRunOnThreadsOfTheirFilesOffTheRing) {
+  char shm[] = "/dev/shm/uring_queue_test_XXXXXX";
+  if (::mkdtemp(shm) == nullptr) GTEST_SKIP() << "no /dev/shm here";
+  const std::string memory_dir = shm;
+  std::vector<std::unique_ptr<File>> files;
+  for (const char* name : {"a", "b"}) {
+    std::unique_ptr<File> file;
+    ASSERT_TRUE(
+        fs_->open(memory_dir + "/" + name, OpenOptions{.write = true, .create = true}, &file).ok());
+    files.push_back(std::move(file));
+  }
+  auto on_disk = Open("disk");
+  if (!files[0]->in_memory() || on_disk->in_memory()) {
+    std::filesystem::remove_all(memory_dir);
+    GTEST_SKIP() << "/dev/shm is not tmpfs, or the test directory is";
+  }
+  constexpr uint64_t kBlocks = 64;
+  auto data = Aligned(kBlocks * kBlock);
+  Fill(data.get(), kBlocks * kBlock, 5);
+  std::mutex mu;
+  std::set<std::thread::id> memory_threads;
+  std::set<std::thread::id> disk_threads;
+  auto callback = [&](uint64_t tag, IoStatus status) {
+    EXPECT_TRUE(status.ok()) << status.message();
+    std::lock_guard lock(mu);
+    (tag % 3 == 2 ? disk_threads : memory_threads).insert(std::this_thread::get_id());
+  };
+  std::unique_ptr<UringIoQueue> queue;
+  // Two file threads whatever the machine's CPUs, so that the two files may run apart.
+  ASSERT_TRUE(UringIoQueue::Create(
+                  UringIoQueueSettings{{16, callback}, nullptr, size_t{1} << 30, 2}, &queue)
+                  .ok());
+  File* targets[] = {files[0].get(), files[1].get(), on_disk.get()};
+  for (uint64_t i = 0; i < kBlocks; ++i) {
+    for (uint64_t f = 0; f < 3; ++f) {
+      queue->submit_write(WriteOp{targets[f], i * kBlock, data.get() + i * kBlock, kBlock},
+                          3 * i + f);
+    }
+  }
+  queue->drain();
+  EXPECT_EQ(queue->file_thread_requests(), 2 * kBlocks);
+  ASSERT_EQ(disk_threads.size(), 1u);  // the ring's owner
+  EXPECT_EQ(memory_threads.count(*disk_threads.begin()), 0u);
+  EXPECT_GE(memory_threads.size(), 2u);
+  std::vector<char> back(kBlocks * kBlock);
+  for (File* file : targets) {
+    ASSERT_TRUE(file->read_at(0, back.data(), back.size()).ok());
+    EXPECT_EQ(std::memcmp(back.data(), data.get(), back.size()), 0) << file->path();
+  }
+  files.clear();
+  std::filesystem::remove_all(memory_dir);
 }
 
 TEST_F(UringIoQueueTest, BadSettingsAreRefused) {
