@@ -230,7 +230,7 @@ def markdown(report: dict[str, Any]) -> str:
                   "|---|---|---|---:|---|"]
         for b in run["best_peer"]:
             ratio = "- (one side <= 0: noise)" if b["ratio"] is None else f"{b['ratio']:.2f}"
-        lines.append(f"| {b['figure']} | {b['ours']} | {b['peer']} | {ratio} | "
+            lines.append(f"| {b['figure']} | {b['ours']} | {b['peer']} | {ratio} | "
                          f"{b['peer'] if b['peer_wins'] else 'asyncckpt'} |")
         lines += ["", "Sources:", "", "| candidate | where each figure came from |", "|---|---|"]
         for row in summary["rows"]:

@@ -120,3 +120,13 @@ def test_the_best_peer_comparison_names_who_wins_each_figure(pb):
     assert (durable["ours"], durable["peer"]) == ("asyncckpt-cpp-async", "dcp.async_save")
     assert durable["ratio"] == pytest.approx(0.4) and not durable["peer_wins"]
     assert not by_figure["restore s (cold)"]["peer_wins"]
+
+
+def test_the_markdown_lists_every_figure_of_the_best_peer_comparison(pb):
+    run = recorded_run()
+    text = pb.markdown(report_of(pb, run))
+    section = text.split("| figure | asyncckpt's best |", 1)[1].split("Sources:", 1)[0]
+    listed = [line.split(" | ")[0].lstrip("| ") for line in section.splitlines()
+              if line.startswith("| ") and not line.startswith("|---")]
+    assert listed == [b["figure"] for b in run["best_peer"]]
+    assert len(listed) > 1
