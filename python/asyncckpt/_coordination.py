@@ -36,25 +36,29 @@ T = TypeVar("T")
 # is never named: it may merely be late.
 HEARTBEAT_SECONDS = 0.5
 ROLL_CALL_SECONDS = 3.0
-# Bounds each store call of the beat and of the roll call: the exit joins the beat, and neither
-# it nor a failed save may wait the store's own timeout (30 minutes by default) when the store's
-# host hangs.
-STORE_TIMEOUT_SECONDS = 10.0
+# Bounds the connections of the beat and of the roll call to the store, and each of their calls:
+# the exit joins the beat, and neither it nor a failed save may wait the store's own timeout (30
+# minutes by default) when the store's host is gone or hangs.
+STORE_TIMEOUT_SECONDS = 5.0
 
 
 class _Heartbeat:
-    """This rank's beat: ``store.add(key, 1)`` every HEARTBEAT_SECONDS on a connection of its
-    own, from a thread that stop() joins and that the interpreter's exit stops and joins before
-    it finalizes anything.
+    """This rank's beat: ``add(key, 1)`` every HEARTBEAT_SECONDS on a connection of its own to
+    the job's store at ``address``, from a thread that stop() joins and that the interpreter's
+    exit stops and joins before it finalizes anything. The thread also makes the roll call's
+    connection (``roll_call_store``, None until then), so that a store whose host is gone
+    delays no caller, only an exit by at most a failed connection.
 
     Not a daemon thread: one caught inside a store call (C++, GIL released) when the interpreter
     finalizes is ended by pthread_exit as it takes the GIL back, and that unwinding through
     torch's noexcept frames aborts the process ("terminate called without an active
     exception"). A thread the exit joins is never there."""
 
-    def __init__(self, store: Any, key: str) -> None:
-        self._store = store
+    def __init__(self, tcp_store: Any, address: tuple[str, int], key: str) -> None:
+        self._tcp_store = tcp_store  # torch.distributed.TCPStore
+        self._address = address
         self._key = key
+        self.roll_call_store: Any = None
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="asyncckpt-heartbeat",
                                         daemon=False)
@@ -76,9 +80,16 @@ class _Heartbeat:
         return True
 
     def _beat(self) -> None:
+        try:
+            store = _connect(self._tcp_store, self._address)
+            # Made now, while the store answers: a new connection to a host that has died
+            # retries for its whole timeout, an existing one fails at once.
+            self.roll_call_store = _connect(self._tcp_store, self._address)
+        except Exception:  # noqa: BLE001 - the store's host is gone: nothing to beat on
+            return
         while not self._stopping.is_set():
             try:
-                self._store.add(self._key, 1)
+                store.add(self._key, 1)
             except Exception:  # noqa: BLE001 - the store's host is gone or hangs: a broken
                 return  # connection never comes back, and the roll call then names no one
             self._stopping.wait(HEARTBEAT_SECONDS)
@@ -88,7 +99,7 @@ class _Heartbeat:
         self._stopping.set()
 
     def stop(self) -> None:
-        """Ends the beat and joins its thread: at most one store call's wait."""
+        """Ends the beat and joins its thread: at most one store call's or connection's wait."""
         self._stopping.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join()
@@ -168,23 +179,26 @@ def close(coordinator: _core.Coordinator | None) -> None:
         coordinator.close()
 
 
-def _job_store_connections(dist: Any, global_rank: int) -> tuple[_Heartbeat | None, Any]:
-    """This rank's running heartbeat and the roll call's connection to the job's store; (None,
-    None) when the store has none to give (a failed collective is then reported unnamed)."""
+def _connect(tcp_store: Any, address: tuple[str, int]) -> Any:
+    """A connection of its own to the TCPStore at ``address``, with STORE_TIMEOUT_SECONDS."""
+    return tcp_store(address[0], address[1], None, False,
+                     datetime.timedelta(seconds=STORE_TIMEOUT_SECONDS), wait_for_workers=False)
+
+
+def _start_heartbeat(dist: Any, global_rank: int) -> _Heartbeat | None:
+    """This rank's running heartbeat on the job's store; None when that is no TCPStore (a
+    failed collective is then reported unnamed)."""
     try:
-        job_store = dist.distributed_c10d._get_default_store()  # private: no public accessor
-        # Connections of their own: torch's client is not shared across threads, and a
-        # connection made now still answers (or fails at once) when the store's host has died,
-        # where a new one retries for its whole timeout.
-        beat_store, roll_call_store = job_store.clone(), job_store.clone()
-        for store in (beat_store, roll_call_store):
-            store.set_timeout(datetime.timedelta(seconds=STORE_TIMEOUT_SECONDS))
-    except Exception:  # noqa: BLE001 - no store, or one that cannot be cloned
-        return None, None
-    heartbeat = _Heartbeat(beat_store, _heartbeat_key(global_rank))
-    if not heartbeat.start():
-        return None, None
-    return heartbeat, roll_call_store
+        store = dist.distributed_c10d._get_default_store()  # private: no public accessor
+        while isinstance(store, dist.PrefixStore):
+            store = store.underlying_store
+        if not isinstance(store, dist.TCPStore):
+            return None
+        address = (str(store.host), int(store.port))
+    except Exception:  # noqa: BLE001 - no default store
+        return None
+    heartbeat = _Heartbeat(dist.TCPStore, address, _heartbeat_key(global_rank))
+    return heartbeat if heartbeat.start() else None
 
 
 def torch_coordinator(group: Any = None) -> _core.Coordinator:
@@ -196,7 +210,7 @@ def torch_coordinator(group: Any = None) -> _core.Coordinator:
     rank = dist.get_rank(group)
     size = dist.get_world_size(group)
     global_ranks = [r if group is None else dist.get_global_rank(group, r) for r in range(size)]
-    heartbeat, roll_call_store = _job_store_connections(dist, global_ranks[rank])
+    heartbeat = _start_heartbeat(dist, global_ranks[rank])
     keys = [_heartbeat_key(r) for r in global_ranks]
     gone: list[int] = []  # global ranks found gone: a dead rank does not come back
 
@@ -204,6 +218,7 @@ def torch_coordinator(group: Any = None) -> _core.Coordinator:
         try:
             return collective()
         except Exception as error:
+            roll_call_store = None if heartbeat is None else heartbeat.roll_call_store
             if roll_call_store is None:
                 raise
             if not gone:
