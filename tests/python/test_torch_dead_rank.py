@@ -42,6 +42,16 @@ def save_outcome(manager, step, state) -> str:
     return "no error"
 
 
+def wait_for_reports(report: str, victim: int, busy: bool = False) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not all(
+            os.path.exists(f"{report}.{r}") for r in range(WORLD) if r != victim):
+        if busy:
+            sum(range(10_000))
+        else:
+            time.sleep(0.1)
+
+
 def rank_main(rank: int, scenario: str, victim: int, directory: str, port: int,
               report: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -58,10 +68,7 @@ def rank_main(rank: int, scenario: str, victim: int, directory: str, port: int,
             os._exit(KILLED)  # as SIGKILL would: no clean-up, no goodbye
         # Healthy but slow: a training thread busy in Python (holding the GIL between switches)
         # until its peers have given up on it and reported, well past the roll call.
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not all(
-                os.path.exists(f"{report}.{r}") for r in range(WORLD) if r != victim):
-            sum(range(10_000))
+        wait_for_reports(report, victim, busy=True)
         os._exit(0)
     time.sleep(1)
     started = time.monotonic()
@@ -69,6 +76,8 @@ def rank_main(rank: int, scenario: str, victim: int, directory: str, port: int,
     with open(f"{report}.{rank}.tmp", "w") as out:
         out.write(f"{time.monotonic() - started:.1f}\n{outcome}")
     os.rename(f"{report}.{rank}.tmp", f"{report}.{rank}")
+    # Rank 0 hosts the store: it stays until every survivor's roll call is done.
+    wait_for_reports(report, victim)
     os._exit(0)  # the process group cannot be destroyed without the missing rank
 
 
