@@ -426,6 +426,7 @@ class CheckpointManager:
         try:
             self._core.close()
         finally:
+            _coordination.close(self._coordinator)
             _logging.drain()
         self._warn_about_failures()
 
