@@ -24,40 +24,16 @@
 #include "io/fault_injection_file_system.h"
 #include "io/thread_pool_io_queue.h"
 #include "io/uring_file_system.h"
+#include "tests/io/io_outcomes.h"
 
 namespace asyncckpt::io {
 namespace {
 
+using testing_support::IoOutcomes;
+
 namespace fs = std::filesystem;
 
 constexpr size_t kBlock = 4096;
-
-// Records every completion; waits for a number of them.
-class Completions {
- public:
-  IoCallback Callback() {
-    return [this](uint64_t tag, IoStatus status) {
-      std::lock_guard lock(mu_);
-      ++count_[tag];
-      if (!status.ok()) failures_[tag] = status;
-      changed_.notify_all();
-    };
-  }
-  std::map<uint64_t, int> counts() const {
-    std::lock_guard lock(mu_);
-    return count_;
-  }
-  std::map<uint64_t, IoStatus> failures() const {
-    std::lock_guard lock(mu_);
-    return failures_;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::condition_variable changed_;
-  std::map<uint64_t, int> count_;
-  std::map<uint64_t, IoStatus> failures_;
-};
 
 // A File that counts the requests running in it at once and can hold them at a gate.
 class GateFile final : public File {
@@ -207,7 +183,7 @@ TEST_P(IoQueueTest, EveryWriteCompletesOnceWithItsTagAndLandsWhereItWasAimed) {
   auto file = Open("data", true);
   std::vector<std::vector<uint8_t>> blocks;
   for (uint64_t tag = 0; tag < kWrites; ++tag) blocks.push_back(Block(tag));
-  Completions done;
+  IoOutcomes done;
   auto queue = Queue(4, done.Callback());
   for (uint64_t tag = 0; tag < kWrites; ++tag) {
     queue->submit_write(WriteOp{file.get(), tag * kBlock, blocks[tag].data(), kBlock}, tag);
@@ -229,7 +205,7 @@ TEST_P(IoQueueTest, ReadsFillTheirBuffersAndAReadPastTheEndFailsAloneNamingTheFi
   const std::vector<uint8_t> block = Block(7);
   ASSERT_TRUE(file->write_at(0, block.data(), kBlock).ok());
   std::vector<uint8_t> first(kBlock), past(kBlock);
-  Completions done;
+  IoOutcomes done;
   auto queue = Queue(2, done.Callback());
   queue->submit_read(ReadOp{file.get(), 0, first.data(), kBlock}, 1);
   queue->submit_read(ReadOp{file.get(), kBlock / 2, past.data(), kBlock}, 2);
@@ -248,7 +224,7 @@ TEST_P(IoQueueTest, AFailedWriteReachesOnlyItsOwnCallback) {
   auto writable = Open("data", true);
   auto read_only = Open("data", false);
   const std::vector<uint8_t> block = Block(1);
-  Completions done;
+  IoOutcomes done;
   auto queue = Queue(4, done.Callback());
   queue->submit_write(WriteOp{writable.get(), 0, block.data(), kBlock}, 10);
   queue->submit_write(WriteOp{read_only.get(), kBlock, block.data(), kBlock}, 11);
@@ -266,7 +242,7 @@ TEST_P(IoQueueTest, NoMoreThanDepthRequestsAreInFlightAndTheRestWait) {
   auto gate = std::make_unique<GateFile>(Open("data", true));
   gate->Close();
   const std::vector<uint8_t> block = Block(2);
-  Completions done;
+  IoOutcomes done;
   auto queue = Queue(kDepth, done.Callback());
   for (uint64_t tag = 0; tag < 12; ++tag) {
     queue->submit_write(WriteOp{gate.get(), tag * kBlock, block.data(), kBlock}, tag);
@@ -337,7 +313,7 @@ TEST_P(IoQueueTest, RequestsFromManyThreadsOnManyFilesAllLand) {
   for (int t = 0; t < kThreads; ++t) files.push_back(Open("data-" + std::to_string(t), true));
   std::vector<std::vector<uint8_t>> blocks;
   for (uint64_t tag = 0; tag < kThreads * kPerThread; ++tag) blocks.push_back(Block(tag));
-  Completions done;
+  IoOutcomes done;
   auto queue = Queue(8, done.Callback());
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {

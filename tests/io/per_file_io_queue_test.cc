@@ -16,8 +16,12 @@
 #include <thread>
 #include <vector>
 
+#include "tests/io/io_outcomes.h"
+
 namespace asyncckpt::io {
 namespace {
+
+using testing_support::IoOutcomes;
 
 // A File in memory of the test that records which thread wrote which offset, and can hold a
 // write until another file's write has begun.
@@ -80,30 +84,6 @@ class RecordingFile final : public File {
   bool begun_ = false;
 };
 
-class Outcomes {
- public:
-  IoCallback Callback() {
-    return [this](uint64_t tag, IoStatus status) {
-      std::lock_guard lock(mu_);
-      ++counts_[tag];
-      if (!status.ok()) failures_[tag] = status.message();
-    };
-  }
-  std::map<uint64_t, int> counts() const {
-    std::lock_guard lock(mu_);
-    return counts_;
-  }
-  std::map<uint64_t, std::string> failures() const {
-    std::lock_guard lock(mu_);
-    return failures_;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::map<uint64_t, int> counts_;
-  std::map<uint64_t, std::string> failures_;
-};
-
 std::unique_ptr<IoQueue> Queue(unsigned depth, unsigned max_threads, IoCallback callback) {
   std::unique_ptr<IoQueue> queue;
   const IoStatus made =
@@ -115,7 +95,7 @@ std::unique_ptr<IoQueue> Queue(unsigned depth, unsigned max_threads, IoCallback 
 TEST(PerFileIoQueueTest, EachFilesWritesRunInSubmissionOrderOffTheSubmittersThread) {
   RecordingFile a("a");
   RecordingFile b("b");
-  Outcomes done;
+  IoOutcomes done;
   auto queue = Queue(64, 2, done.Callback());
   std::vector<uint64_t> expected;
   for (uint64_t i = 0; i < 200; ++i) {
@@ -139,7 +119,7 @@ TEST(PerFileIoQueueTest, TwoFilesAreWrittenAtOnce) {
   RecordingFile a("a");
   RecordingFile b("b");
   a.HoldUntilBegun(&b);
-  Outcomes done;
+  IoOutcomes done;
   auto queue = Queue(64, 2, done.Callback());
   queue->submit_write(WriteOp{&a, 0, nullptr, 1}, 0);
   queue->submit_write(WriteOp{&b, 0, nullptr, 1}, 1);
@@ -150,7 +130,7 @@ TEST(PerFileIoQueueTest, TwoFilesAreWrittenAtOnce) {
 TEST(PerFileIoQueueTest, FilesBeyondMaxThreadsShareThemInOrder) {
   std::vector<std::unique_ptr<RecordingFile>> files;
   for (int i = 0; i < 5; ++i) files.push_back(std::make_unique<RecordingFile>(std::to_string(i)));
-  Outcomes done;
+  IoOutcomes done;
   auto queue = Queue(64, 2, done.Callback());
   for (uint64_t i = 0; i < 50; ++i) {
     for (size_t f = 0; f < files.size(); ++f) {
@@ -172,14 +152,14 @@ TEST(PerFileIoQueueTest, FilesBeyondMaxThreadsShareThemInOrder) {
 TEST(PerFileIoQueueTest, AFailedWriteReachesOnlyItsOwnCallback) {
   RecordingFile a("a");
   a.FailAt(3);
-  Outcomes done;
+  IoOutcomes done;
   auto queue = Queue(8, 2, done.Callback());
   for (uint64_t i = 0; i < 6; ++i) queue->submit_write(WriteOp{&a, i, nullptr, 1}, i);
   queue->drain();
   EXPECT_EQ(done.counts().size(), 6u);
   const auto failures = done.failures();
   ASSERT_EQ(failures.size(), 1u);
-  EXPECT_NE(failures.at(3).find("injected"), std::string::npos);
+  EXPECT_NE(failures.at(3).message().find("injected"), std::string::npos);
 }
 
 TEST(PerFileIoQueueTest, TheDestructorWaitsForEveryRequestAndCallbacksMaySubmitMore) {

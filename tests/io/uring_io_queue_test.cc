@@ -26,9 +26,12 @@
 
 #include "asyncckpt/file_system.h"
 #include "io/uring_file_system.h"
+#include "tests/io/io_outcomes.h"
 
 namespace asyncckpt::io {
 namespace {
+
+using testing_support::IoOutcomes;
 
 constexpr size_t kBlock = 4096;
 
@@ -51,31 +54,6 @@ void Fill(char* data, size_t n, unsigned seed) {
     data[i] = static_cast<char>(x >> 24);
   }
 }
-
-// Outcomes by tag.
-class Outcomes {
- public:
-  IoCallback Callback() {
-    return [this](uint64_t tag, IoStatus status) {
-      std::lock_guard lock(mu_);
-      ++counts_[tag];
-      if (!status.ok()) failures_[tag] = std::move(status);
-    };
-  }
-  size_t completed() const {
-    std::lock_guard lock(mu_);
-    return counts_.size();
-  }
-  std::map<uint64_t, IoStatus> failures() const {
-    std::lock_guard lock(mu_);
-    return failures_;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::map<uint64_t, int> counts_;
-  std::map<uint64_t, IoStatus> failures_;
-};
 
 class UringIoQueueTest : public ::testing::Test {
  protected:
@@ -134,7 +112,7 @@ TEST_F(UringIoQueueTest, KeepsAtMostDepthInFlightInItsRingAcrossInterleavedFiles
   for (int f = 0; f < kFiles; ++f) files.push_back(Open("data-" + std::to_string(f)));
   std::vector<char> out(kFiles * kBlocksPerFile * kBlock);
   Fill(out.data(), out.size(), 1);
-  Outcomes outcomes;
+  IoOutcomes outcomes;
   auto queue = Queue(kDepth, outcomes.Callback());
   ASSERT_NE(queue, nullptr);
   EXPECT_EQ(queue->name(), "io_uring");
@@ -166,7 +144,7 @@ TEST_F(UringIoQueueTest, ALargeRequestGoesPieceAfterPieceAndLandsWhole) {
   auto file = Open("large");
   std::vector<char> out(kBytes), in(kBytes);
   Fill(out.data(), kBytes, 2);
-  Outcomes outcomes;
+  IoOutcomes outcomes;
   auto queue = QueueWithPieces(2, outcomes.Callback(), /*max_piece=*/kBlock);
   ASSERT_NE(queue, nullptr);
   queue->submit_write(WriteOp{file.get(), 0, out.data(), kBytes}, 1);
@@ -185,7 +163,7 @@ TEST_F(UringIoQueueTest, AShortReadIsResubmittedForItsRemainderThenFailsAtTheEnd
   Fill(out.data(), out.size(), 3);
   ASSERT_TRUE(file->write_at(0, out.data(), out.size()).ok());
   std::vector<char> in(2 * kBlock, '.');
-  Outcomes outcomes;
+  IoOutcomes outcomes;
   auto queue = Queue(2, outcomes.Callback());
   ASSERT_NE(queue, nullptr);
   queue->submit_read(ReadOp{file.get(), 0, in.data(), in.size()}, 7);
@@ -206,7 +184,7 @@ TEST_F(UringIoQueueTest, AShortWriteIsResubmittedForItsRemainder) {
   auto file = Open("limited");
   std::vector<char> out(2 * kBlock);
   Fill(out.data(), out.size(), 8);
-  Outcomes outcomes;
+  IoOutcomes outcomes;
   auto queue = Queue(2, outcomes.Callback());
   ASSERT_NE(queue, nullptr);
   rlimit old_limit{};
@@ -240,7 +218,7 @@ TEST_F(UringIoQueueTest, RegisteredBuffersAreUsedByQueuesMadeBeforeAndAfterRegis
   std::vector<char> unregistered(kBlock);
   Fill(unregistered.data(), kBlock, 5);
   auto file = Open("fixed");
-  Outcomes outcomes;
+  IoOutcomes outcomes;
   auto before = Queue(4, outcomes.Callback());
   ASSERT_NE(before, nullptr);
   const IoBuffer buffers[] = {{out, kBytes}, {in, kBytes}};
@@ -283,7 +261,7 @@ TEST_F(UringIoQueueTest, ARegistrationRefusedUnderTheMemlockLimitSaysSoAndIOGoes
   ASSERT_NE(memory, nullptr);
   Fill(memory.get(), kBytes, 6);
   // The queue first: a ring may count against the limit too, and this is about buffers.
-  Outcomes outcomes;
+  IoOutcomes outcomes;
   auto queue = Queue(4, outcomes.Callback());
   ASSERT_NE(queue, nullptr);
   rlimit old_limit{};
@@ -308,7 +286,7 @@ TEST_F(UringIoQueueTest, AWriteToAReadOnlyFileFailsWithEbadfNamingTheFileAndOffs
   auto writable = Open("ro");
   auto read_only = Open("ro", /*write=*/false);
   std::vector<char> block(kBlock, 'x');
-  Outcomes outcomes;
+  IoOutcomes outcomes;
   auto queue = Queue(2, outcomes.Callback());
   ASSERT_NE(queue, nullptr);
   queue->submit_write(WriteOp{read_only.get(), 3 * kBlock, block.data(), kBlock}, 9);
