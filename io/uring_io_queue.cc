@@ -394,8 +394,11 @@ void UringIoQueue::RunInPool(uint32_t slot) {
     IoQueueOptions options{depth_, [this](uint64_t pool_tag, IoStatus status) {
                              PoolDone(static_cast<uint32_t>(pool_tag), std::move(status));
                            }};
-    // Fails only for options that are valid here.
-    (void)NewThreadPoolIoQueue(options, &pool_);
+    // As for the file threads: a failure fails the request instead of dereferencing nothing.
+    if (IoStatus made = NewThreadPoolIoQueue(options, &pool_); !made.ok()) {
+      Finish(slot, std::move(made));
+      return;
+    }
   }
   pool_requests_.fetch_add(1, std::memory_order_relaxed);
   const Request& r = slots_[slot];
@@ -411,8 +414,12 @@ void UringIoQueue::RunOnFileThread(uint32_t slot) {
     IoQueueOptions options{depth_, [this](uint64_t pool_tag, IoStatus status) {
                              PoolDone(static_cast<uint32_t>(pool_tag), std::move(status));
                            }};
-    // Fails only for options that are valid here.
-    (void)NewPerFileIoQueue(options, max_file_threads_, &file_threads_);
+    // The options are valid here, so this does not fail today; if it ever does, the request
+    // fails with its reason rather than the queue dereferencing nothing.
+    if (IoStatus made = NewPerFileIoQueue(options, max_file_threads_, &file_threads_); !made.ok()) {
+      Finish(slot, std::move(made));
+      return;
+    }
   }
   file_thread_requests_.fetch_add(1, std::memory_order_relaxed);
   const Request& r = slots_[slot];
