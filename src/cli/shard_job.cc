@@ -1,11 +1,17 @@
 #include "src/cli/shard_job.h"
 
+#include <signal.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <string_view>
 #include <utility>
 
 #include "asyncckpt/reader.h"
@@ -100,7 +106,52 @@ double Seconds(std::chrono::steady_clock::duration d) {
 
 #if ASYNCCKPT_CLI_MPI
 
+namespace {
+
+// Open MPI reads a boolean MCA value in any of these spellings.
+bool McaTrue(const char* value) {
+  std::string lower(value);
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return lower == "1" || lower == "true" || lower == "t" || lower == "yes" || lower == "y" ||
+         lower == "enabled";
+}
+
+// The launcher's own name, so that a rank started by anything else (a shell, a debugger) is
+// never the one signalled.
+bool IsOpenMpiLauncher(pid_t pid) {
+  std::FILE* comm = std::fopen(("/proc/" + std::to_string(pid) + "/comm").c_str(), "r");
+  if (comm == nullptr) return false;
+  char name[32] = {};
+  const bool read = std::fgets(name, sizeof(name), comm) != nullptr;
+  std::fclose(comm);
+  if (!read) return false;
+  const std::string_view launcher(name, std::strcspn(name, "\n"));
+  return launcher == "mpirun" || launcher == "mpiexec" || launcher == "orterun" ||
+         launcher == "orted" || launcher == "prterun" || launcher == "prted";
+}
+
+}  // namespace
+
 bool ShardJobsSupported() { return true; }
+
+// Under orte_enable_recovery, Open MPI 4.1's mpirun exits 0 whatever its processes return or
+// however they abort (measured: `mpirun --mca orte_enable_recovery 1 -np 2 sh -c 'exit 3'`
+// exits 0), so a scheduler would record a failed job as done. mpirun ended by SIGTERM exits 1
+// and takes the job's processes with it; a remote rank's parent is its node's orted, whose loss
+// mpirun counts as a failure of the job.
+void MpiSession::FailTheLaunch() {
+  const char* recovery = std::getenv("OMPI_MCA_orte_enable_recovery");
+  if (recovery == nullptr || !McaTrue(recovery)) return;
+  const pid_t launcher = ::getppid();
+  if (!IsOpenMpiLauncher(launcher)) return;
+  std::fprintf(stderr,
+               "asyncckpt train-sim: the job failed under orte_enable_recovery, whose mpirun "
+               "would exit 0; ending the launcher (pid %d) so that it exits non-zero\n",
+               static_cast<int>(launcher));
+  std::fflush(stderr);
+  ::kill(launcher, SIGTERM);
+}
 
 Result<std::unique_ptr<MpiSession>> MpiSession::Start(double timeout_seconds) {
   int initialized = 0;
@@ -132,6 +183,7 @@ MpiSession::~MpiSession() {
 void MpiSession::Abort(int exit_code) {
   std::fflush(stdout);
   std::fflush(stderr);
+  FailTheLaunch();
   MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);  // MPI_Abort does not return; this keeps [[noreturn]] honest
 }
@@ -153,6 +205,8 @@ void MpiSession::Abort(int exit_code) {
   std::fflush(stderr);
   std::_Exit(exit_code);
 }
+
+void MpiSession::FailTheLaunch() {}
 
 #endif
 

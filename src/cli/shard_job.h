@@ -40,6 +40,10 @@ class MpiSession {
   /// Ends every process of the job with `exit_code` (MPI_Abort): a rank that fails on its own
   /// would otherwise leave the others waiting in their next collective.
   [[noreturn]] void Abort(int exit_code);
+  /// Makes a launcher that would report a failed job as a success exit non-zero: under Open
+  /// MPI's orte_enable_recovery, ends the local launcher (mpirun, or its orted) with SIGTERM.
+  /// Does nothing under any other launch, whose mpirun already sees the exit code.
+  void FailTheLaunch();
 
  private:
   MpiSession() = default;

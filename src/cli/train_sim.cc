@@ -495,24 +495,9 @@ int Report(const TrainSimConfig& config, const RunSummary& summary) {
   return kExitOk;
 }
 
-}  // namespace
-
-int TrainSimCommand(int argc, char** argv) {
-  ParsedFlags flags;
-  if (int exit_code = kExitOk; !ParseCommandLine(argc, argv, &flags, &exit_code)) {
-    return exit_code;
-  }
-  std::unique_ptr<MpiSession> mpi;
-  Coordinator* coordinator = nullptr;
-  if (flags.get_switch("shard")) {
-    auto started = StartMpi(flags);
-    if (!started.ok()) {
-      std::fprintf(stderr, "asyncckpt train-sim: %s\n", started.status().message().c_str());
-      return started.status().code() == StatusCode::kFailedPrecondition ? kExitUsage : kExitFailed;
-    }
-    mpi = std::move(started).value();
-    coordinator = &mpi->coordinator();
-  }
+// Everything after the flags and the MPI session: the exit code of this process.
+int RunTrainSimCommand(const ParsedFlags& flags, MpiSession* mpi) {
+  Coordinator* coordinator = mpi != nullptr ? &mpi->coordinator() : nullptr;
   const bool lead = coordinator == nullptr || coordinator->rank() == 0;
   auto config = CheckedConfig(flags, coordinator);
   if (coordinator != nullptr && coordinator->size() > 1) {
@@ -552,6 +537,27 @@ int TrainSimCommand(int argc, char** argv) {
   }
   if (!lead) return kExitOk;
   return Report(*config, summary);
+}
+
+}  // namespace
+
+int TrainSimCommand(int argc, char** argv) {
+  ParsedFlags flags;
+  if (int exit_code = kExitOk; !ParseCommandLine(argc, argv, &flags, &exit_code)) {
+    return exit_code;
+  }
+  std::unique_ptr<MpiSession> mpi;
+  if (flags.get_switch("shard")) {
+    auto started = StartMpi(flags);
+    if (!started.ok()) {
+      std::fprintf(stderr, "asyncckpt train-sim: %s\n", started.status().message().c_str());
+      return started.status().code() == StatusCode::kFailedPrecondition ? kExitUsage : kExitFailed;
+    }
+    mpi = std::move(started).value();
+  }
+  const int exit_code = RunTrainSimCommand(flags, mpi.get());
+  if (exit_code != kExitOk && mpi != nullptr) mpi->FailTheLaunch();
+  return exit_code;
 }
 
 }  // namespace asyncckpt::cli

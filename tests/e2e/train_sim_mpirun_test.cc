@@ -330,14 +330,32 @@ TEST_P(TrainSimMpiDeadRankTest, SurvivorsExitWithinTheDocumentedTimeout) {
   ASSERT_TRUE(pid.has_value()) << job.err();
   ASSERT_EQ(::kill(*pid, SIGKILL), 0);
   const auto killed = std::chrono::steady_clock::now();
-  ASSERT_TRUE(job.WaitFor(std::chrono::seconds(120)).has_value()) << job.err();
+  const std::optional<int> exit_code = job.WaitFor(std::chrono::seconds(120));
+  ASSERT_TRUE(exit_code.has_value()) << job.err();
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
   const double bound = (GetParam() == 0 ? 2 : 1) * kTimeout + 4;
+  // This launcher reports success whatever its processes return; the survivors end it so that
+  // a scheduler sees the failure (MpiSession::FailTheLaunch).
+  EXPECT_NE(*exit_code, 0) << job.err();
   std::printf("rank %d killed: the job ended %.1f s later (timeout %d s)\n", GetParam(), took,
               kTimeout);
   EXPECT_LT(took, bound) << job.err();
   EXPECT_NE(job.err().find("is known to be gone"), std::string::npos) << job.err();
+}
+
+TEST_F(TrainSimMpiTest, AUsageErrorUnderTheRecoveryLauncherStillExitsNonZero) {
+  std::vector<std::string> launcher = Mpirun(2);
+  launcher.insert(launcher.end() - 2, {"--mca", "orte_enable_recovery", "1"});
+  std::vector<std::string> args = With(Flags(dir_, 10), "--save_steps=-3");
+  args.push_back("--shard");
+  CliProcess job(launcher, args, Path("usage.out"), Path("usage.err"));
+  ASSERT_TRUE(job.started());
+  const std::optional<int> exit_code = job.WaitFor(std::chrono::seconds(120));
+  ASSERT_TRUE(exit_code.has_value()) << job.err();
+  EXPECT_NE(*exit_code, 0) << job.err();
+  EXPECT_NE(job.err().find("--save_steps"), std::string::npos) << job.err();
+  EXPECT_NE(job.err().find("ending the launcher"), std::string::npos) << job.err();
 }
 
 INSTANTIATE_TEST_SUITE_P(Victims, TrainSimMpiDeadRankTest, ::testing::Values(2, 0),
