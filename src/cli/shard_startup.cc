@@ -124,6 +124,7 @@ const std::vector<std::pair<std::string, std::string>>& RankLocalFlags() {
       {"device", "--shard runs on host memory only: every rank's is host"},
       {"stream_ordered", "needs --device cuda, which --shard refuses"},
       {"kill_at", "testing: names the one rank it kills"},
+      {"end_rank_early", "testing: names the one rank that ends early"},
   };
   return flags;
 }

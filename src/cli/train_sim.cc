@@ -310,7 +310,7 @@ Status TrainStep(StepContext& ctx, const TrainSimConfig& config, Coordinator* co
   if (coordinator != nullptr && config.saver.save_secs) {
     // One clock for the job: every rank's input hook (and yardstick) then reaches each
     // save_secs trigger at the same step, as the model savers do.
-    ASSIGN_OR_RETURN(double now, RankZeroValue(*coordinator, SystemClockSeconds()));
+    ASSIGN_OR_RETURN(double now, StepClock(*coordinator, SystemClockSeconds(), ctx.step()));
     run.step_end->store(now);
   } else {
     run.step_end->store(SystemClockSeconds());
@@ -353,7 +353,13 @@ Status TrainLoop(const TrainSimConfig& config, Coordinator* coordinator, bool le
   auto last_progress = wall_start;
   double yardstick_ms_in_loop = 0;
   Status status;
-  while (!session.should_stop() && session.global_step() < config.steps) {
+  // --end_rank_early: this rank's loop stops there while the others go on.
+  int64_t last_step = config.steps;
+  if (config.end_rank_early &&
+      config.end_rank_early->first == (coordinator ? coordinator->rank() : 0)) {
+    last_step = config.end_rank_early->second;
+  }
+  while (!session.should_stop() && session.global_step() < last_step) {
     const auto step_start = SteadyClock::now();
     status = session.run([&](StepContext& ctx) {
       return TrainStep(ctx, config, coordinator, run, batch, preempted);
@@ -379,6 +385,10 @@ Status TrainLoop(const TrainSimConfig& config, Coordinator* coordinator, bool le
     std::fprintf(stderr, "\ntrain-sim: the dataset ended at step %" PRId64 "\n",
                  session.global_step());
     status = Status::OK();
+  }
+  if (status.ok() && coordinator != nullptr && coordinator->size() > 1 && config.saver.save_secs) {
+    // Matched with a rank still training's StepClock, which then fails at once naming this end.
+    status = AgreeOnLoopEnd(*coordinator, session.global_step());
   }
   Status closed = session.close();
   if (!config.quiet && lead) std::fprintf(stderr, "\n");

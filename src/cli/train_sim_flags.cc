@@ -77,6 +77,10 @@ const std::vector<FlagSpec>& TrainSimFlags() {
        "first such operation of its savers on a file or directory whose name starts with the "
        "prefix (e.g. 0:rename:model.ckpt-20 kills rank 0 as it commits model.ckpt-20), as a "
        "crash there would"},
+      {"end_rank_early", "",
+       "testing: <rank>:<step> makes that rank end its training after that step while the others "
+       "go on, as a rank whose loop stopped on its own would; the others' next save fails at "
+       "once naming it"},
       {"metrics_json", "", "write the summary as one JSON object to this file"},
       {"step_series", "",
        "add every step's time (the first 1000000 steps) to --metrics_json, for timelines", true},
@@ -374,6 +378,29 @@ Status CheckKillFlag(const ParsedFlags& flags, TrainSimConfig& config) {
   return Status::OK();
 }
 
+// --end_rank_early <rank>:<step>: a rank of this job and a step it reaches.
+Status CheckEndRankEarlyFlag(const ParsedFlags& flags, TrainSimConfig& config) {
+  if (!flags.has("end_rank_early")) return Status::OK();
+  const std::string text = flags.get("end_rank_early");
+  const size_t colon = text.find(':');
+  int rank = -1;
+  int64_t step = 0;
+  const char* end = text.data() + text.size();
+  const bool parsed =
+      colon != std::string::npos &&
+      std::from_chars(text.data(), text.data() + colon, rank).ptr == text.data() + colon &&
+      std::from_chars(text.data() + colon + 1, end, step).ptr == end;
+  const int ranks = config.model.shard ? config.model.world_size : 1;
+  if (!parsed || rank < 0 || rank >= ranks || step < 1 || step >= config.steps) {
+    return BadValue(
+        flags, "end_rank_early",
+        "<rank>:<step> with a rank below " + std::to_string(ranks) + " and a step in [1, --steps)",
+        "");
+  }
+  config.end_rank_early = std::make_pair(rank, step);
+  return Status::OK();
+}
+
 // What the run measures and reports, and the memory it may plan for.
 Status CheckReportFlags(const ParsedFlags& flags, TrainSimConfig& config) {
   config.verify = flags.get_switch("verify");
@@ -431,6 +458,7 @@ Result<TrainSimConfig> ConfigFromFlags(const ParsedFlags& flags, const ShardCont
     RETURN_IF_ERROR(CheckShardFlags(flags, config));
   }
   RETURN_IF_ERROR(CheckKillFlag(flags, config));
+  RETURN_IF_ERROR(CheckEndRankEarlyFlag(flags, config));
   RETURN_IF_ERROR(CheckReportFlags(flags, config));
   RETURN_IF_ERROR(CheckDeviceFlags(flags, config));
   // The saver's own checks, as a backstop for anything the flags above let through.

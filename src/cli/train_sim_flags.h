@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "asyncckpt/input_pipeline.h"
@@ -74,6 +75,8 @@ struct TrainSimConfig {
   double coordination_timeout_secs = 300;
   /// --kill_at (testing): where one rank's savers kill it.
   std::optional<KillPoint> kill_at;
+  /// --end_rank_early (testing): the rank that ends its training early, and the step it ends at.
+  std::optional<std::pair<int, int64_t>> end_rank_early;
 };
 
 /// --shard: this process's place in the job.

@@ -255,8 +255,9 @@ class CheckpointInputPipelineHook::Impl {
   }
 
   Status End(int64_t step) {
-    Status status;
-    if (!restore_done_) status = RestoreOrSaveInitial();
+    // Matched with a rank still training's Due(), like the model saver's end.
+    Status status = core_->AnnounceEnd(step);
+    if (status.ok() && !restore_done_) status = RestoreOrSaveInitial();
     if (status.ok() && core_->schedule().final_save_needed(step)) status = Save(step);
     Status finished = core_->Finish(std::nullopt);
     return status.ok() ? finished : status;

@@ -43,9 +43,10 @@ class AsyncCheckpointSaverHook::Impl {
   Status WaitUntilSaved() { return core_->WaitUntilSaved(); }
 
   Status End(int64_t step) {
-    Status status;
+    // Before the final save: a rank still training must not wait for this one's parts.
+    Status status = core_->AnnounceEnd(step);
     // A skipped save of this step is retried here, waiting for staging: no later trigger would.
-    if (core_->schedule().final_save_needed(step)) {
+    if (status.ok() && core_->schedule().final_save_needed(step)) {
       status = Save(step, /*may_skip=*/false);
     }
     Status finished = core_->Finish(step);

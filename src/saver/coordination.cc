@@ -2,8 +2,10 @@
 
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <utility>
+#include <vector>
 
 #include "asyncckpt/dtype.h"
 #include "src/util/status_macros.h"
@@ -311,11 +313,65 @@ Status AgreeOnStatus(Coordinator& coordinator, const Status& local) {
   return Status::OK();
 }
 
-Result<bool> AgreeOnSaveDue(Coordinator& coordinator, bool due) {
+namespace {
+
+// Under save_secs every step's broadcast from rank 0 carries its save decision (one byte), or,
+// once rank 0's training ended, its end: kEndTag and the step, 8 bytes in host order (every rank
+// runs the same binary on machines of one byte order). A mismatch is FailedPrecondition, not
+// Aborted, which a MonitoredSession would take for a pre-emption and recover from.
+constexpr uint8_t kEndTag = 2;
+
+std::vector<uint8_t> EndMessage(int64_t step) {
+  std::vector<uint8_t> message(1 + sizeof(step));
+  message[0] = kEndTag;
+  std::memcpy(message.data() + 1, &step, sizeof(step));
+  return message;
+}
+
+// Rank 0's end step when `message` is an EndMessage.
+std::optional<int64_t> EndStepOf(const std::vector<uint8_t>& message) {
+  if (message.size() != 1 + sizeof(int64_t) || message[0] != kEndTag) return std::nullopt;
+  int64_t step = 0;
+  std::memcpy(&step, message.data() + 1, sizeof(step));
+  return step;
+}
+
+Status EndedAtAnotherStep(const Coordinator& coordinator, int64_t lead_end, int64_t step,
+                          bool this_rank_ended) {
+  return Status::FailedPrecondition(
+      "rank 0 ended its training at step " + std::to_string(lead_end) + ", while rank " +
+      std::to_string(coordinator.rank()) + (this_rank_ended ? " ended at step " : " is at step ") +
+      std::to_string(step) + ": the ranks ran different numbers of steps");
+}
+
+}  // namespace
+
+Result<bool> AgreeOnSaveDue(Coordinator& coordinator, bool due, int64_t step) {
   std::vector<uint8_t> decision{static_cast<uint8_t>(due ? 1 : 0)};
   RETURN_IF_ERROR(coordinator.broadcast(decision, 0).WithContext("agreeing on a save_secs save"));
+  if (const std::optional<int64_t> lead_end = EndStepOf(decision)) {
+    return EndedAtAnotherStep(coordinator, *lead_end, step, /*this_rank_ended=*/false);
+  }
   if (decision.size() != 1) return Status::Corruption("rank 0's save decision does not parse");
   return decision[0] != 0;
+}
+
+Status AgreeOnEnd(Coordinator& coordinator, int64_t step) {
+  std::vector<uint8_t> message =
+      coordinator.rank() == 0 ? EndMessage(step) : std::vector<uint8_t>{};
+  RETURN_IF_ERROR(coordinator.broadcast(message, 0).WithContext("agreeing on the end of training"));
+  const std::optional<int64_t> lead_end = EndStepOf(message);
+  if (!lead_end) {
+    return Status::FailedPrecondition(
+        "rank " + std::to_string(coordinator.rank()) + " ended its training at step " +
+        std::to_string(step) +
+        ", but rank 0 still trains (it sent a save decision): the ranks ran "
+        "different numbers of steps");
+  }
+  if (*lead_end != step) {
+    return EndedAtAnotherStep(coordinator, *lead_end, step, /*this_rank_ended=*/true);
+  }
+  return Status::OK();
 }
 
 }  // namespace asyncckpt

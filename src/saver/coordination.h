@@ -66,7 +66,14 @@ Result<TensorRegistry> AgreeOnWriters(Coordinator& coordinator, const TensorRegi
 Status AgreeOnStatus(Coordinator& coordinator, const Status& local);
 
 /// Collective: rank 0's `due` becomes every rank's, so that every rank saves the same steps
-/// whatever its own clock says.
-Result<bool> AgreeOnSaveDue(Coordinator& coordinator, bool due);
+/// whatever its own clock says. FailedPrecondition, naming both steps, when what comes from rank 0
+/// is its AgreeOnEnd instead: rank 0 ended its training before this rank's `step`.
+Result<bool> AgreeOnSaveDue(Coordinator& coordinator, bool due, int64_t step);
+
+/// Collective, matched with the others' AgreeOnSaveDue or AgreeOnEnd: rank 0 tells every rank
+/// that it ended its training at its `step`. OK when every rank ended at the same step;
+/// FailedPrecondition on a rank that ended at another step than rank 0, or while rank 0 still
+/// trains (what came was a save decision), naming both.
+Status AgreeOnEnd(Coordinator& coordinator, int64_t step);
 
 }  // namespace asyncckpt

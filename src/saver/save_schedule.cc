@@ -22,7 +22,12 @@ Result<SaveSchedule> SaveSchedule::Create(const SaverOptions& options) {
 Result<bool> SaveSchedule::due_everywhere(int64_t step) {
   if (agree_with_ == nullptr) return due(step);
   // Only rank 0 reads its clock; what the others' would say does not matter.
-  return AgreeOnSaveDue(*agree_with_, agree_with_->rank() == 0 && due(step));
+  return AgreeOnSaveDue(*agree_with_, agree_with_->rank() == 0 && due(step), step);
+}
+
+Status SaveSchedule::agree_on_end(int64_t step) {
+  if (agree_with_ == nullptr) return Status::OK();
+  return AgreeOnEnd(*agree_with_, step);
 }
 
 }  // namespace asyncckpt

@@ -29,6 +29,10 @@ class SaveSchedule {
   /// multi-process job, rank 0's due(step), broadcast (a collective: every rank calls it after
   /// every step, in step order), so that a rank with a skewed clock saves the same steps.
   Result<bool> due_everywhere(int64_t step);
+  /// Where due_everywhere is a collective, the end's counterpart of it (AgreeOnEnd): every rank
+  /// calls it at its end, so that a rank still training learns at its next step that rank 0
+  /// ended, and a rank that ended learns that rank 0 did not. OK where there is nothing to agree.
+  Status agree_on_end(int64_t step);
   /// Records a save's attempt at `step`, saved or skipped: the next one is due N steps or
   /// seconds later.
   void mark(int64_t step) { (void)timer_.update_last_triggered_step(step); }

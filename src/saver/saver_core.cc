@@ -9,6 +9,7 @@
 
 #include "src/saver/coordination.h"
 #include "src/saver/saver_start.h"
+#include "src/state/sharded_commit.h"
 #include "src/util/elapsed.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
@@ -280,8 +281,28 @@ bool SaverCore::WaitForFinishedSaves(int64_t finished, double timeout_seconds) c
   return finished_.wait_for(lock, std::chrono::duration<double>(timeout_seconds), reached);
 }
 
+Status SaverCore::AnnounceEnd(int64_t step) {
+  const ShardingOptions& sharding = engine_options_.sharding;
+  if (sharding.world_size <= 1 || storage_.fs == nullptr) return schedule_.agree_on_end(step);
+  const SaverOptions& saver = engine_options_.saver;
+  const Status published = PublishShardEnded(*storage_.fs, saver.checkpoint_dir, saver.basename,
+                                             sharding.job_token, sharding.rank, step);
+  if (!published.ok()) {
+    LogWarning("rank " + std::to_string(sharding.rank) +
+               " could not tell the others that it ended at step " + std::to_string(step) +
+               " (a rank still training waits out its timeout instead): " + published.message());
+  }
+  return schedule_.agree_on_end(step);
+}
+
 Status SaverCore::Finish(std::optional<int64_t> end_step) {
   Status status = WaitUntilSaved();
+  const ShardingOptions& sharding = engine_options_.sharding;
+  if (end_step && sharding.world_size > 1 && sharding.rank == 0 && storage_.fs != nullptr) {
+    // Every rank's part of every save up to rank 0's end is in: no one needs the markers now.
+    RemoveShardEnded(*storage_.fs, engine_options_.saver.checkpoint_dir,
+                     engine_options_.saver.basename, sharding.job_token, sharding.world_size);
+  }
   if (end_step) {
     for (auto* listener : setup_.listeners) listener->end(*end_step);
   }

@@ -140,6 +140,12 @@ class SaverCore {
   /// saves_committed + saves_failed), or `timeout_seconds` passed (negative: no limit). True
   /// when they have.
   bool WaitForFinishedSaves(int64_t finished, double timeout_seconds) const;
+  /// A multi-process saver's rank says it ended its training at `step`, before its final save,
+  /// so that no other rank waits a timeout for it: in the checkpoint directory for the sharded
+  /// commit (ShardEndedFileName; a failure is logged), and under save_secs in the schedule's
+  /// collective (SaveSchedule::agree_on_end), whose FailedPrecondition says the ranks ended at
+  /// different steps. OK for one process.
+  Status AnnounceEnd(int64_t step);
   /// The end of the saver: waits, tells the listeners end(step), destroys the engine and
   /// releases the directory lock. Returns WaitUntilSaved's status.
   Status Finish(std::optional<int64_t> end_step);

@@ -39,8 +39,9 @@ class CheckpointSaverHook::Impl {
   }
 
   Status End(int64_t step) {
-    Status status;
-    if (core_->schedule().final_save_needed(step)) {
+    // Before the final save: a rank still training must not wait for this one's parts.
+    Status status = core_->AnnounceEnd(step);
+    if (status.ok() && core_->schedule().final_save_needed(step)) {
       bool stop = false;
       status = Save(step, &stop);
     }

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
@@ -81,6 +82,14 @@ class DeadRanks {
 Status KnownDead(const std::pair<int, std::string>& dead) {
   return Status::Aborted("rank " + std::to_string(dead.first) + " is known to be gone (" +
                          dead.second + "): no save of this job can commit without it");
+}
+
+// The failure of a save that waited for a rank which ended its training before the save's step.
+Status EndedEarly(const ShardCommitRequest& request, uint32_t rank, int64_t ended_at) {
+  return Status::Aborted("rank " + std::to_string(rank) + " ended its training at step " +
+                         std::to_string(ended_at) + ", before step " +
+                         std::to_string(request.step) + ", and will send no part of " +
+                         request.final_name + " (the ranks ran different numbers of steps)");
 }
 
 // The rank an abort's text blames for a timeout ("rank R sent no part within", or a rank known
@@ -219,11 +228,32 @@ class Share {
   }
   std::string Path(const std::string& name) const { return JoinCheckpointPath(tmp_path_, name); }
   std::string Waited() const { return Seconds(request_.timeout_seconds) + " s"; }
+  std::optional<int64_t> EndedBefore(uint32_t rank) const;
 
   io::FileSystem& fs_;
   ShardCommitRequest& request_;
   const std::string tmp_path_;
 };
+
+// The step `rank` ended its training at, when that is before this save's step: it will never
+// send a part. One small file read per call, made only for a rank being waited for.
+std::optional<int64_t> Share::EndedBefore(uint32_t rank) const {
+  if (request_.basename.empty()) return std::nullopt;
+  const size_t tmp = request_.tmp_name.rfind(".tmp-");
+  if (tmp == std::string::npos) return std::nullopt;
+  const std::string marker = JoinCheckpointPath(
+      request_.checkpoint_dir,
+      ShardEndedFileName(request_.basename, rank, request_.tmp_name.substr(tmp + 5)));
+  Result<bool> there = Exists(fs_, marker);
+  if (!there.ok() || !*there) return std::nullopt;
+  Result<std::vector<uint8_t>> text = ReadWhole(fs_, marker, 32, true);
+  int64_t step = 0;
+  if (!text.ok() || text->empty()) return std::nullopt;
+  const char* begin = reinterpret_cast<const char*>(text->data());
+  if (std::from_chars(begin, begin + text->size(), step).ec != std::errc()) return std::nullopt;
+  if (step >= request_.step) return std::nullopt;
+  return step;
+}
 
 ShardCommitResult Share::Lead(CheckpointManager& manager, const MergeShardPartsFn& merge) {
   const uint32_t world = request_.world_size;
@@ -244,6 +274,9 @@ ShardCommitResult Share::Lead(CheckpointManager& manager, const MergeShardPartsF
       if (missing < 0 && names.count(ShardPartFileName(r)) == 0) missing = static_cast<int>(r);
     }
     if (missing < 0) break;
+    if (const auto ended = EndedBefore(static_cast<uint32_t>(missing))) {
+      return Abort(missing, EndedEarly(request_, static_cast<uint32_t>(missing), *ended));
+    }
     if (const auto dead = DeadRanks::Get().Find(request_); dead.first >= 0) {
       return Abort(dead.first, KnownDead(dead));
     }
@@ -357,6 +390,16 @@ ShardCommitResult Share::Follow() {
                   .WithContext(request_.final_name),
               false, 0};
     }
+    if (const auto ended = claimed ? std::nullopt : EndedBefore(0)) {
+      // Rank 0 commits nothing of a step after its end: withdraw, as for a dead rank.
+      if (fs_.remove_file(part).ok()) {
+        const Status why = EndedEarly(request_, 0, *ended);
+        PublishFailure(why);
+        return {why.WithContext(request_.final_name), false, 0};
+      }
+      claimed = true;
+      poller.Restart(request_.timeout_seconds);
+    }
     if (const auto dead = DeadRanks::Get().Find(request_); dead.first >= 0 && !claimed) {
       // Withdrawn first, so that rank 0 (if it lives) cannot commit without this rank.
       if (fs_.remove_file(part).ok()) {
@@ -415,6 +458,48 @@ std::string ShardFailedFileName(uint32_t rank) { return "failed-" + RankDigits(r
 
 std::string ShardedTempDirName(const std::string& final_name, const std::string& job_token) {
   return final_name + ".tmp-" + job_token;
+}
+
+std::string ShardEndedFileName(const std::string& basename, uint32_t rank,
+                               const std::string& job_token) {
+  return basename + ".ended-" + RankDigits(rank) + ".tmp-" + job_token;
+}
+
+bool IsShardEndedFileName(std::string_view name, std::string_view basename) {
+  constexpr std::string_view kEnded = ".ended-";
+  constexpr std::string_view kTmp = ".tmp-";
+  if (!name.starts_with(basename)) return false;
+  name.remove_prefix(basename.size());
+  if (!name.starts_with(kEnded)) return false;
+  name.remove_prefix(kEnded.size());
+  if (name.ends_with(".writing")) name.remove_suffix(8);  // WriteText's, left by a crash
+  const size_t tmp = name.find(kTmp);
+  if (tmp == std::string_view::npos || tmp == 0) return false;
+  const std::string_view rank = name.substr(0, tmp);
+  if (!std::all_of(rank.begin(), rank.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return false;
+  }
+  return ValidateJobToken(name.substr(tmp + kTmp.size())).ok();
+}
+
+Status PublishShardEnded(io::FileSystem& fs, const std::string& checkpoint_dir,
+                         const std::string& basename, const std::string& job_token, uint32_t rank,
+                         int64_t step) {
+  return WriteText(fs, checkpoint_dir, ShardEndedFileName(basename, rank, job_token),
+                   std::to_string(step));
+}
+
+void RemoveShardEnded(io::FileSystem& fs, const std::string& checkpoint_dir,
+                      const std::string& basename, const std::string& job_token,
+                      uint32_t world_size) {
+  for (uint32_t rank = 0; rank < world_size; ++rank) {
+    const std::string path =
+        JoinCheckpointPath(checkpoint_dir, ShardEndedFileName(basename, rank, job_token));
+    const io::IoStatus removed = fs.remove_file(path);
+    if (!removed.ok() && removed.error_number() != ENOENT) {
+      LogWarning("could not remove " + path + " (the next start will): " + removed.message());
+    }
+  }
 }
 
 Status ValidateJobToken(std::string_view token) {

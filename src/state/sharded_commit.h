@@ -64,6 +64,24 @@ std::string ShardedTempDirName(const std::string& final_name, const std::string&
 /// saying so otherwise.
 Status ValidateJobToken(std::string_view token);
 
+/// "<basename>.ended-00003.tmp-<job_token>": a file in the checkpoint directory that says rank 3
+/// of the job ended its training at the step it holds. A save of a later step stops waiting for
+/// that rank at once: it will never send a part. Start-up removes these as leftovers.
+std::string ShardEndedFileName(const std::string& basename, uint32_t rank,
+                               const std::string& job_token);
+/// Whether `name` is a ShardEndedFileName of any rank and job over `basename`.
+bool IsShardEndedFileName(std::string_view name, std::string_view basename);
+/// Publishes that `rank` ended its training at `step` (before its final save, so that no other
+/// rank waits a timeout for it at a later step). Not synced: a crash ends the job anyway.
+Status PublishShardEnded(io::FileSystem& fs, const std::string& checkpoint_dir,
+                         const std::string& basename, const std::string& job_token, uint32_t rank,
+                         int64_t step);
+/// Removes every rank's ShardEndedFileName of this job that is there (rank 0, once its own end
+/// is over); a failure is logged, and the next start removes what is left.
+void RemoveShardEnded(io::FileSystem& fs, const std::string& checkpoint_dir,
+                      const std::string& basename, const std::string& job_token,
+                      uint32_t world_size);
+
 /// Builds the global index from every rank's part (parts[r] is rank r's encoded part index):
 /// the bytes of `index`, or why the parts do not make a checkpoint.
 using MergeShardPartsFn =
@@ -77,6 +95,12 @@ struct ShardCommitRequest {
   std::string tmp_name;
   /// "<basename>-<step>".
   std::string final_name;
+  /// The checkpoints' basename and this save's step: with them the wait for a rank stops at once
+  /// when that rank ended its training before this step (ShardEndedFileName). Empty basename:
+  /// no such check.
+  std::string basename;
+  /// This save's step.
+  int64_t step = 0;
   /// This rank; rank 0 commits.
   uint32_t rank = 0;
   /// Ranks writing the checkpoint (>= 1).

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "src/state/pairing.h"
+#include "src/state/sharded_commit.h"
 #include "src/state/state_claims.h"
 #include "src/util/io_status.h"
 #include "src/util/log.h"
@@ -95,7 +96,8 @@ Status StartupPass::RefuseNewer(const std::vector<std::string>& names) {
 }
 
 bool StartupPass::IsLeftover(const std::string& name, bool* is_directory_kind) const {
-  if (IsMarkedOf(name, options_.state_file_name, kTmpInfix)) {
+  if (IsMarkedOf(name, options_.state_file_name, kTmpInfix) ||
+      IsShardEndedFileName(name, options_.basename)) {
     *is_directory_kind = false;
     return true;
   }
@@ -134,7 +136,10 @@ void StartupPass::RemoveLeftovers(const std::vector<std::string>& names) {
       Fail("start-up could not remove " + Path(name) + ": " + status.message());
       continue;
     }
-    LogInfo("removed " + Path(name) + ", left by an interrupted save or deletion");
+    LogInfo("removed " + Path(name) +
+            (IsShardEndedFileName(name, options_.basename)
+                 ? ", an earlier multi-process job's end marker"
+                 : ", left by an interrupted save or deletion"));
     report_.removed.push_back(name);
   }
 }

@@ -193,10 +193,41 @@ TEST_F(MpiCoordinatorTest, OneRanksStartFailureReachesEveryRankNamingIt) {
 TEST_F(MpiCoordinatorTest, SaveDecisionIsRankZeros) {
   for (const bool zero_says : {true, false}) {
     const bool mine = coordinator_->rank() == 0 ? zero_says : !zero_says;
-    const Result<bool> due = AgreeOnSaveDue(*coordinator_, mine);
+    const Result<bool> due = AgreeOnSaveDue(*coordinator_, mine, /*step=*/3);
     ASSERT_TRUE(due.ok());
     EXPECT_EQ(*due, zero_says);
   }
+}
+
+TEST_F(MpiCoordinatorTest, RanksThatEndAtTheSameStepAgree) {
+  EXPECT_TRUE(AgreeOnEnd(*coordinator_, 7).ok());
+}
+
+// Under save_secs a rank still training calls AgreeOnSaveDue where rank 0, ended, calls
+// AgreeOnEnd: the rank learns it at once instead of waiting out the coordinator's timeout.
+TEST_F(MpiCoordinatorTest, RankZerosEndFailsARankStillTrainingNamingBothSteps) {
+  if (coordinator_->rank() == 0) {
+    EXPECT_TRUE(AgreeOnEnd(*coordinator_, 5).ok());
+    return;
+  }
+  const Result<bool> due = AgreeOnSaveDue(*coordinator_, false, 6);
+  ASSERT_FALSE(due.ok());
+  EXPECT_EQ(due.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(due.status().message(),
+              HasSubstr("rank 0 ended its training at step 5, while rank " +
+                        std::to_string(coordinator_->rank()) + " is at step 6"));
+}
+
+TEST_F(MpiCoordinatorTest, ARankThatEndsWhileRankZeroTrainsIsToldSo) {
+  if (coordinator_->rank() == 0) {
+    const Result<bool> due = AgreeOnSaveDue(*coordinator_, true, 8);
+    ASSERT_TRUE(due.ok());
+    EXPECT_TRUE(*due);
+    return;
+  }
+  const Status ended = AgreeOnEnd(*coordinator_, 7);
+  EXPECT_EQ(ended.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(ended.message(), HasSubstr("ended its training at step 7, but rank 0 still trains"));
 }
 
 }  // namespace

@@ -358,6 +358,53 @@ TEST_F(TrainSimMpiTest, AUsageErrorUnderTheRecoveryLauncherStillExitsNonZero) {
   EXPECT_NE(job.err().find("ending the launcher"), std::string::npos) << job.err();
 }
 
+// One rank's training loop ends early (--end_rank_early, as a rank whose loop stopped on its own)
+// while the others go on: under either schedule every rank fails at once, naming the rank that
+// ended, instead of waiting out the coordination timeout (issue 30, item 3).
+struct EarlyEnd {
+  int ranks;
+  int rank;
+  bool save_secs;
+};
+
+class TrainSimMpiEarlyEndTest : public TrainSimMpiTest,
+                                public ::testing::WithParamInterface<EarlyEnd> {};
+
+TEST_P(TrainSimMpiEarlyEndTest, EveryRankFailsAtOnceNamingTheRankThatEnded) {
+  constexpr int kTimeout = 60;
+  const EarlyEnd early = GetParam();
+  std::vector<std::string> args = With(Flags(dir_, 400), "--dataset_records=20000");
+  if (early.save_secs) {
+    std::erase(args, "--save_steps=5");
+    args.push_back("--save_secs=0.05");
+  }
+  args.push_back("--step_ms=10");
+  args.push_back("--coordination_timeout_secs=" + std::to_string(kTimeout));
+  args.push_back("--end_rank_early=" + std::to_string(early.rank) + ":12");
+  const auto start = std::chrono::steady_clock::now();
+  JobResult run = RunSharded(early.ranks, args, "early");
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("%d ranks, rank %d ended at step 12 (%s): the job ended in %.1f s\n", early.ranks,
+              early.rank, early.save_secs ? "save_secs" : "save_steps", took);
+  ASSERT_TRUE(run.exit_code.has_value()) << run.err;
+  EXPECT_NE(*run.exit_code, 0) << run.err;
+  EXPECT_LT(took, kTimeout / 2) << run.err;
+  const std::string named = "rank " + std::to_string(early.rank) + " ended its training at step 12";
+  EXPECT_NE(run.err.find(named), std::string::npos) << run.err;
+  EXPECT_EQ(run.err.find("waited more than"), std::string::npos) << run.err;
+  EXPECT_EQ(run.err.find("sent no part within"), std::string::npos) << run.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, TrainSimMpiEarlyEndTest,
+                         ::testing::Values(EarlyEnd{2, 0, false}, EarlyEnd{4, 3, false},
+                                           EarlyEnd{2, 0, true}, EarlyEnd{4, 2, true}),
+                         [](const ::testing::TestParamInfo<EarlyEnd>& info) {
+                           return std::to_string(info.param.ranks) + "RanksRank" +
+                                  std::to_string(info.param.rank) +
+                                  (info.param.save_secs ? "SaveSecs" : "SaveSteps");
+                         });
+
 INSTANTIATE_TEST_SUITE_P(Victims, TrainSimMpiDeadRankTest, ::testing::Values(2, 0),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "Rank" + std::to_string(info.param);

@@ -213,8 +213,13 @@ TEST(AgreeOnStatusTest, OkOnlyWhenEveryRankIsOk) {
 
 TEST(AgreeOnSaveDueTest, OneProcessKeepsItsOwnDecision) {
   std::unique_ptr<Coordinator> c = NewSingleProcessCoordinator();
-  EXPECT_TRUE(*AgreeOnSaveDue(*c, true));
-  EXPECT_FALSE(*AgreeOnSaveDue(*c, false));
+  EXPECT_TRUE(*AgreeOnSaveDue(*c, true, 1));
+  EXPECT_FALSE(*AgreeOnSaveDue(*c, false, 2));
+}
+
+TEST(AgreeOnEndTest, OneProcessAlwaysAgreesWithItself) {
+  std::unique_ptr<Coordinator> c = NewSingleProcessCoordinator();
+  EXPECT_TRUE(AgreeOnEnd(*c, 40).ok());
 }
 
 }  // namespace

@@ -461,6 +461,104 @@ TEST_F(ShardedCommitTest, TheNextStartRemovesAFailedSavesTemporaryDirectory) {
   EXPECT_EQ(report->removed, std::vector<std::string>{tmp_name()});
 }
 
+TEST_F(ShardedCommitTest, ARankThatEndedBeforeTheStepFailsTheSaveAtOnceNamingIt) {
+  ASSERT_TRUE(PublishShardEnded(*posix_, dir_, "model.ckpt", kToken, 2, 5).ok());
+  auto aware = [this](uint32_t rank) {
+    return [this, rank] {
+      ShardCommitRequest request = Prepare(*posix_, rank, 3, 30);
+      request.basename = "model.ckpt";
+      request.step = 7;
+      return CommitShard(*posix_, *manager_, std::move(request), Concatenate);
+    };
+  };
+  const auto start = SteadyClock::now();
+  auto results = RunRanks({aware(0), aware(1)});
+  EXPECT_LT(SecondsSince(start), 5) << "an ended rank must not cost the 30 s timeout";
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_FALSE(results[r].committed) << r;
+    EXPECT_EQ(results[r].failed_rank, 2) << r << ": " << results[r].status.ToString();
+    EXPECT_NE(results[r].status.message().find(
+                  "rank 2 ended its training at step 5, before step 7, and will send no part"),
+              std::string::npos)
+        << results[r].status.ToString();
+  }
+  EXPECT_FALSE(fs::exists(dir_ + "/model.ckpt-7"));
+}
+
+TEST_F(ShardedCommitTest, ARankZeroThatEndedBeforeTheStepFailsTheOthersAtOnce) {
+  ASSERT_TRUE(PublishShardEnded(*posix_, dir_, "model.ckpt", kToken, 0, 6).ok());
+  auto aware = [this](uint32_t rank) {
+    return [this, rank] {
+      ShardCommitRequest request = Prepare(*posix_, rank, 3, 30);
+      request.basename = "model.ckpt";
+      request.step = 7;
+      return CommitShard(*posix_, *manager_, std::move(request), Concatenate);
+    };
+  };
+  const auto start = SteadyClock::now();
+  auto results = RunRanks({aware(1), aware(2)});
+  EXPECT_LT(SecondsSince(start), 5) << "an ended rank 0 must not cost twice the 30 s timeout";
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_FALSE(results[r].committed) << r;
+    EXPECT_EQ(results[r].failed_rank, 0) << r << ": " << results[r].status.ToString();
+    EXPECT_NE(results[r].status.message().find("rank 0 ended its training at step 6"),
+              std::string::npos)
+        << results[r].status.ToString();
+  }
+  // Withdrawn, so that rank 0 could not commit without them.
+  EXPECT_FALSE(fs::exists(tmp_path() + "/" + ShardPartFileName(1)));
+}
+
+TEST_F(ShardedCommitTest, AnEndAtOrAfterTheStepIsNoReasonToStopWaiting) {
+  // Every rank announces its end before its final save, and a slower rank's part of an earlier
+  // save may still be on its way: only an end before the step fails it.
+  ASSERT_TRUE(PublishShardEnded(*posix_, dir_, "model.ckpt", kToken, 1, 7).ok());
+  ASSERT_TRUE(PublishShardEnded(*posix_, dir_, "model.ckpt", kToken, 2, 9).ok());
+  auto aware = [this](uint32_t rank) {
+    return [this, rank] {
+      ShardCommitRequest request = Prepare(*posix_, rank, 3, 30);
+      request.basename = "model.ckpt";
+      request.step = 7;
+      return CommitShard(*posix_, *manager_, std::move(request), Concatenate);
+    };
+  };
+  auto results = RunRanks({aware(0), aware(1), aware(2)});
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_TRUE(results[r].committed) << r << ": " << results[r].status.ToString();
+  }
+}
+
+TEST_F(ShardedCommitTest, EndMarkersAreNamedPerRankAndJobAndTheNextStartRemovesThem) {
+  const std::string name = ShardEndedFileName("model.ckpt", 3, kToken);
+  EXPECT_EQ(name, std::string("model.ckpt.ended-00003.tmp-") + kToken);
+  EXPECT_TRUE(IsShardEndedFileName(name, "model.ckpt"));
+  EXPECT_TRUE(IsShardEndedFileName(name + ".writing", "model.ckpt"));
+  EXPECT_FALSE(IsShardEndedFileName(name, "other"));
+  EXPECT_FALSE(IsShardEndedFileName("model.ckpt.ended-x.tmp-ab", "model.ckpt"));
+  EXPECT_FALSE(IsShardEndedFileName("model.ckpt.ended-00001.tmp-zz", "model.ckpt"));
+  EXPECT_FALSE(IsShardEndedFileName("model.ckpt-7", "model.ckpt"));
+  ASSERT_TRUE(PublishShardEnded(*posix_, dir_, "model.ckpt", kToken, 3, 40).ok());
+  EXPECT_EQ(ReadFile(dir_ + "/" + name), "40");
+  CheckpointManager next(posix_.get(), dir_, "model.ckpt", 0, 0, SystemClockSeconds);
+  auto report = next.Start();
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_FALSE(fs::exists(dir_ + "/" + name));
+  EXPECT_EQ(report->removed, std::vector<std::string>{name});
+}
+
+TEST_F(ShardedCommitTest, RankZeroRemovesEveryRanksEndMarkerOfItsJob) {
+  for (uint32_t rank = 0; rank < 3; ++rank) {
+    ASSERT_TRUE(PublishShardEnded(*posix_, dir_, "model.ckpt", kToken, rank, 40).ok());
+  }
+  ASSERT_TRUE(PublishShardEnded(*posix_, dir_, "model.ckpt", "beef", 1, 40).ok());
+  RemoveShardEnded(*posix_, dir_, "model.ckpt", kToken, 4);  // rank 3 never wrote one
+  for (uint32_t rank = 0; rank < 3; ++rank) {
+    EXPECT_FALSE(fs::exists(dir_ + "/" + ShardEndedFileName("model.ckpt", rank, kToken)));
+  }
+  EXPECT_TRUE(fs::exists(dir_ + "/" + ShardEndedFileName("model.ckpt", 1, "beef")))
+      << "another job's marker is not this job's to remove";
+}
+
 TEST_F(ShardedCommitTest, JobTokensAreHexOnly) {
   EXPECT_TRUE(ValidateJobToken(kToken).ok());
   EXPECT_FALSE(ValidateJobToken("").ok());
