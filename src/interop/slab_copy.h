@@ -61,7 +61,9 @@ struct SlabCopyOptions {
 /// of either side, naming the slab's tensors (a read error also names the chunk and data file);
 /// after an error nothing more is read or written, the thread has ended, and `out` holds an
 /// unspecified prefix of the slabs. Does not sync `out`. ResourceExhausted when the slabs'
-/// memory cannot be had.
+/// memory cannot be had. When `out` is direct (O_DIRECT), the slabs must lie back to back from
+/// a page (4096) boundary, as PlanSlabs lays them out (else InvalidArgument); the bytes before
+/// the first are the caller's, and the file ends at the last slab's end.
 Status CopySlabs(CheckpointReader& reader, std::span<const Slab> slabs, io::File& out,
                  const SlabCopyOptions& options = {});
 
