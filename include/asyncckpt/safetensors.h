@@ -29,6 +29,9 @@ struct SafetensorsExportOptions {
   /// Keep the checkpoint's '/'-joined key paths as names ("model/fc.weight"); by default they
   /// are joined with '.' as Hugging Face names them ("model.fc.weight").
   bool keep_names = false;
+  /// Most bytes of tensor data held in memory at once: the export reads and verifies the next
+  /// slabs (a third of this each) while it writes the one before.
+  uint64_t buffer_bytes = 192ull << 20;
 };
 
 /// What ExportSafetensors wrote.

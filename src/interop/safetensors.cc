@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "asyncckpt/reader.h"
 #include "asyncckpt/state.h"
 #include "src/interop/safetensors_format.h"
+#include "src/interop/slab_copy.h"
 #include "src/util/io_status.h"
 #include "src/util/status_macros.h"
 
@@ -28,7 +30,11 @@ using interop::SafetensorsTensor;
 
 constexpr char kSingleFile[] = "model.safetensors";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
-constexpr uint64_t kSlabBytes = 64ull << 20;  // the most a read holds in memory at once
+constexpr uint64_t kPage = 4096;  // O_DIRECT's alignment
+
+struct FreeBytes {
+  void operator()(uint8_t* p) const { std::free(p); }
+};
 
 std::string Join(const std::string& dir, const std::string& name) { return dir + "/" + name; }
 
@@ -111,54 +117,39 @@ std::string ShardName(size_t index, size_t count) {
   return name;
 }
 
-// Writes tensor `t` at `offset` of `file`, a slab of rows at a time.
-Status WriteTensor(CheckpointReader& reader, const TensorInfo& t, io::File& file, uint64_t offset,
-                   std::vector<uint8_t>& slab) {
-  if (t.bytes == 0) return Status::OK();
-  const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
-  const uint64_t row_bytes = rows > 0 ? t.bytes / uint64_t(rows) : t.bytes;
-  const int64_t per_slab = t.shape.empty() || row_bytes >= kSlabBytes
-                               ? rows
-                               : std::max<int64_t>(1, int64_t(kSlabBytes / row_bytes));
-  for (int64_t row = 0; row < rows; row += per_slab) {
-    const int64_t count = std::min(per_slab, rows - row);
-    std::vector<int64_t> box_offset(t.shape.size(), 0), box_shape = t.shape;
-    if (!t.shape.empty()) {
-      box_offset[0] = row;
-      box_shape[0] = count;
-    }
-    const uint64_t bytes = t.shape.empty() ? t.bytes : uint64_t(count) * row_bytes;
-    slab.resize(std::max<size_t>(slab.size(), bytes));
-    RETURN_IF_ERROR(reader.read_box(t.name, box_offset, box_shape, slab.data(), bytes));
-    RETURN_IF_ERROR(ToStatus(file.write_at(offset, slab.data(), bytes)));
-    offset += bytes;
-  }
-  return Status::OK();
-}
-
-// Writes one safetensors file of `tensors` at `path`, synced.
+// Writes one safetensors file of `tensors` at `path`, synced: the header, then the tensors'
+// bytes through a few slabs of `buffer_bytes` in all, read ahead while earlier ones are written.
 Status WriteFile(CheckpointReader& reader, io::FileSystem& fs, const std::vector<Planned>& tensors,
-                 const std::string& path, std::vector<uint8_t>& slab) {
+                 const std::string& path, uint64_t buffer_bytes) {
   std::vector<SafetensorsTensor> entries;
   uint64_t data = 0;
   for (const Planned& t : tensors) {
     entries.push_back({t.name, t.info->dtype, t.info->shape, data, data + t.info->bytes});
     data += t.info->bytes;
   }
-  const std::string header = interop::EncodeSafetensorsHeader(entries, {{"format", "pt"}});
-  uint8_t length[8];
-  for (int i = 0; i < 8; ++i) length[i] = uint8_t(uint64_t(header.size()) >> (8 * i));
+  std::string header = interop::EncodeSafetensorsHeader(entries, {{"format", "pt"}});
+  // The format allows trailing spaces: with them the data starts on a page, so that the
+  // tensors go out through O_DIRECT (no page cache to fill, the export's largest cost) and
+  // a raw chunk is read straight into its slab.
+  header.append((kPage - (8 + header.size()) % kPage) % kPage, ' ');
+  const uint64_t data_start = 8 + header.size();
+  std::unique_ptr<uint8_t, FreeBytes> head(
+      static_cast<uint8_t*>(std::aligned_alloc(kPage, data_start)));
+  if (head == nullptr) return Status::ResourceExhausted("the header of " + path);
+  for (int i = 0; i < 8; ++i) head.get()[i] = uint8_t(uint64_t(header.size()) >> (8 * i));
+  std::copy(header.begin(), header.end(), head.get() + 8);
   std::unique_ptr<io::File> file;
-  RETURN_IF_ERROR(
-      ToStatus(fs.open(path, {.write = true, .create = true, .truncate = true}, &file)));
-  RETURN_IF_ERROR(ToStatus(file->write_at(0, length, sizeof length)));
-  RETURN_IF_ERROR(ToStatus(file->write_at(sizeof length, header.data(), header.size())));
-  uint64_t offset = sizeof length + header.size();
-  for (const Planned& t : tensors) {
-    RETURN_IF_ERROR(WriteTensor(reader, *t.info, *file, offset, slab)
-                        .WithContext("tensor \"" + t.info->name + "\""));
-    offset += t.info->bytes;
-  }
+  RETURN_IF_ERROR(ToStatus(
+      fs.open(path, {.write = true, .create = true, .truncate = true, .direct = true}, &file)));
+  std::vector<const TensorInfo*> infos;
+  for (const Planned& t : tensors) infos.push_back(t.info);
+  const interop::SlabCopyOptions copy;
+  const std::vector<interop::Slab> slabs =
+      interop::PlanSlabs(infos, data_start, buffer_bytes / copy.slabs);
+  RETURN_IF_ERROR(interop::CopySlabs(reader, slabs, *file, copy));
+  // The header last: a file an export left behind unfinished (killed before it could remove
+  // it) starts with a length of 0, which no reader takes for a safetensors file.
+  RETURN_IF_ERROR(ToStatus(file->write_at(0, head.get(), data_start)));
   return ToStatus(file->sync());
 }
 
@@ -235,10 +226,10 @@ Result<SafetensorsExportReport> ExportSafetensors(const std::string& checkpoint,
   // Every file is written and synced under a temporary name first, so a failure leaves none of
   // them behind, and the renames come last.
   const std::string tmp = ".export-" + RandomHex() + "-";
-  std::vector<uint8_t> slab;
   Status written = Status::OK();
   for (size_t i = 0; i < files.size() && written.ok(); ++i) {
-    written = WriteFile(*reader, *fs, files[i], Join(out_dir, tmp + report.files[i]), slab);
+    written = WriteFile(*reader, *fs, files[i], Join(out_dir, tmp + report.files[i]),
+                        options.buffer_bytes);
   }
   if (written.ok() && files.size() > 1) {
     const std::string index = interop::EncodeSafetensorsIndex(weight_map, report.bytes);

@@ -20,6 +20,8 @@
 #include "asyncckpt/checkpointer.h"
 #include "asyncckpt/file_system.h"
 #include "asyncckpt/reader.h"
+#include "src/format/format.h"
+#include "src/format/index_file.h"
 #include "tests/support/checkpoint_files.h"
 
 namespace asyncckpt {
@@ -80,6 +82,26 @@ class SafetensorsTest : public ::testing::Test {
     return names;
   }
 
+  // Flips a byte in the middle of chunk `chunk` of tensor `name` of `checkpoint`.
+  void DamageChunk(const std::string& checkpoint, const std::string& name, size_t chunk) {
+    std::unique_ptr<io::FileSystem> posix = io::NewPosixFileSystem();
+    auto index = format::LoadIndex(*posix, checkpoint);
+    ASSERT_TRUE(index.ok());
+    for (const auto& t : index->tensors) {
+      if (t.name != name) continue;
+      const auto& c = t.chunks.at(chunk);
+      const std::string data =
+          checkpoint + "/" + format::DataFileName(c.file_index, index->num_data_files);
+      std::fstream file(data, std::ios::binary | std::ios::in | std::ios::out);
+      file.seekg(std::streamoff(c.file_offset + c.stored_bytes / 2));
+      const char byte = char(file.get() ^ 0x5a);
+      file.seekp(std::streamoff(c.file_offset + c.stored_bytes / 2));
+      file.put(byte);
+      return;
+    }
+    FAIL() << name;
+  }
+
   std::string root_;
   std::map<std::string, std::vector<uint8_t>> data_;
 };
@@ -111,6 +133,42 @@ TEST_F(SafetensorsTest, EveryDTypeRoundTripsBitExactThroughExportAndImport) {
   ASSERT_TRUE(reader.ok());
   EXPECT_EQ((*reader)->find("empty")->shape, (std::vector<int64_t>{0, 3}));
   EXPECT_EQ((*reader)->find("model.bf16")->dtype, DType::kBF16);
+}
+
+TEST_F(SafetensorsTest, ASmallBufferExportsBitExactThroughManySlabsAndTheDataStartsOnAPage) {
+  std::vector<std::tuple<std::string, DType, std::vector<int64_t>>> specs = {
+      {"big", DType::kF32, {300, 257}},   // 301 KiB: larger than a slab, rows of 1028 bytes
+      {"wide", DType::kF32, {2, 4000}}};  // a row of 16000 bytes: larger than a slab
+  for (int i = 0; i < 50; ++i) {
+    specs.emplace_back("tiny" + std::to_string(i), DType::kU8, std::vector<int64_t>{5});
+  }
+  Save(specs);
+  SafetensorsExportOptions options;
+  options.buffer_bytes = 3 * (8 << 10);  // three slabs of 8 KiB
+  auto exported = ExportSafetensors(root_ + "/ckpt", root_ + "/out", options);
+  ASSERT_TRUE(exported.ok()) << exported.status().ToString();
+  std::ifstream file(root_ + "/out/model.safetensors", std::ios::binary);
+  uint64_t header_bytes = 0;
+  file.read(reinterpret_cast<char*>(&header_bytes), 8);
+  EXPECT_EQ((8 + header_bytes) % 4096, 0u);
+  auto imported = ImportSafetensors(root_ + "/out", root_ + "/again");
+  ASSERT_TRUE(imported.ok()) << imported.status().ToString();
+  for (const auto& [name, dtype, shape] : specs) ExpectHolds(*imported, name, data_[name]);
+}
+
+TEST_F(SafetensorsTest, ADamagedChunkFailsTheExportNamingTheTensorAndLeavesNoFile) {
+  const std::string checkpoint =
+      Save({{"a", DType::kF32, {64, 256}}, {"b", DType::kF32, {64, 256}}});
+  DamageChunk(checkpoint, "b", 9);
+  SafetensorsExportOptions options;
+  options.buffer_bytes = 3 * (8 << 10);  // b's chunk 9 is read well after a's first writes
+  auto exported = ExportSafetensors(checkpoint, root_ + "/out", options);
+  ASSERT_FALSE(exported.ok());
+  EXPECT_EQ(exported.status().code(), StatusCode::kCorruption) << exported.status().ToString();
+  EXPECT_THAT(exported.status().message(), HasSubstr("tensor \"b\" box [32:40, 0:256]"));
+  EXPECT_THAT(exported.status().message(), HasSubstr("data-0000"));
+  EXPECT_THAT(exported.status().message(), HasSubstr("exporting " + checkpoint));
+  EXPECT_TRUE(Files(root_ + "/out").empty());
 }
 
 TEST_F(SafetensorsTest, MaxShardBytesSplitsTheFilesAndWritesTheIndexAsHuggingFaceDoes) {
