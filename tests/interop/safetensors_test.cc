@@ -82,26 +82,6 @@ class SafetensorsTest : public ::testing::Test {
     return names;
   }
 
-  // Flips a byte in the middle of chunk `chunk` of tensor `name` of `checkpoint`.
-  void DamageChunk(const std::string& checkpoint, const std::string& name, size_t chunk) {
-    std::unique_ptr<io::FileSystem> posix = io::NewPosixFileSystem();
-    auto index = format::LoadIndex(*posix, checkpoint);
-    ASSERT_TRUE(index.ok());
-    for (const auto& t : index->tensors) {
-      if (t.name != name) continue;
-      const auto& c = t.chunks.at(chunk);
-      const std::string data =
-          checkpoint + "/" + format::DataFileName(c.file_index, index->num_data_files);
-      std::fstream file(data, std::ios::binary | std::ios::in | std::ios::out);
-      file.seekg(std::streamoff(c.file_offset + c.stored_bytes / 2));
-      const char byte = char(file.get() ^ 0x5a);
-      file.seekp(std::streamoff(c.file_offset + c.stored_bytes / 2));
-      file.put(byte);
-      return;
-    }
-    FAIL() << name;
-  }
-
   std::string root_;
   std::map<std::string, std::vector<uint8_t>> data_;
 };
@@ -159,7 +139,7 @@ TEST_F(SafetensorsTest, ASmallBufferExportsBitExactThroughManySlabsAndTheDataSta
 TEST_F(SafetensorsTest, ADamagedChunkFailsTheExportNamingTheTensorAndLeavesNoFile) {
   const std::string checkpoint =
       Save({{"a", DType::kF32, {64, 256}}, {"b", DType::kF32, {64, 256}}});
-  DamageChunk(checkpoint, "b", 9);
+  ASSERT_TRUE(testing_support::DamageChunk(*io::NewPosixFileSystem(), checkpoint, "b", 9).ok());
   SafetensorsExportOptions options;
   options.buffer_bytes = 3 * (8 << 10);  // b's chunk 9 is read well after a's first writes
   auto exported = ExportSafetensors(checkpoint, root_ + "/out", options);

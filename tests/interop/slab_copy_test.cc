@@ -28,6 +28,7 @@
 #include "asyncckpt/reader.h"
 #include "src/format/format.h"
 #include "src/format/index_file.h"
+#include "tests/support/checkpoint_files.h"
 
 namespace asyncckpt::interop {
 namespace {
@@ -244,25 +245,6 @@ class SlabCopyTest : public ::testing::TestWithParam<bool> {
     return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
 
-  // Flips a byte of chunk `chunk` of tensor `name` in its data file.
-  void DamageChunk(const std::string& name, size_t chunk) {
-    auto index = format::LoadIndex(*fs_, checkpoint_);
-    ASSERT_TRUE(index.ok());
-    for (const auto& t : index->tensors) {
-      if (t.name != name) continue;
-      const auto& c = t.chunks.at(chunk);
-      std::fstream file(
-          checkpoint_ + "/" + format::DataFileName(c.file_index, index->num_data_files),
-          std::ios::binary | std::ios::in | std::ios::out);
-      file.seekg(std::streamoff(c.file_offset + c.stored_bytes / 2));
-      const char byte = char(file.get() ^ 0x5a);
-      file.seekp(std::streamoff(c.file_offset + c.stored_bytes / 2));
-      file.put(byte);
-      return;
-    }
-    FAIL() << name;
-  }
-
   std::string root_;
   std::string checkpoint_;
   std::unique_ptr<io::FileSystem> fs_;
@@ -313,7 +295,7 @@ TEST_P(SlabCopyTest, TheReaderRunsAheadWhileASlabIsBeingWritten) {
 
 TEST_P(SlabCopyTest, ADamagedChunkFailsNamingTheTensorAndNothingAfterItIsWritten) {
   Save({{"a", DType::kU8, {16, 4096}}, {"b", DType::kU8, {16, 4096}}});
-  DamageChunk("b", 5);
+  ASSERT_TRUE(testing_support::DamageChunk(*fs_, checkpoint_, "b", 5).ok());
   std::unique_ptr<ScriptedFile> out = Open();
   const std::vector<Slab> slabs = Plan(0, 8 << 10);  // b's chunk 5 is in slab 10
   const Status status = CopySlabs(*reader_, slabs, *out, {.slabs = 3});

@@ -104,6 +104,16 @@ class ShardedCommitTest : public ::testing::Test {
     };
   }
 
+  // Rank `rank` of 3 saving step 7, stopping its wait for a rank that ended before it.
+  std::function<ShardCommitResult()> EndAware(uint32_t rank) {
+    return [this, rank] {
+      ShardCommitRequest request = Prepare(*posix_, rank, 3, 30);
+      request.basename = "model.ckpt";
+      request.step = 7;
+      return CommitShard(*posix_, *manager_, std::move(request), Concatenate);
+    };
+  }
+
   std::string dir_;
   std::unique_ptr<io::FileSystem> posix_;
   std::unique_ptr<CheckpointManager> manager_;
@@ -463,16 +473,8 @@ TEST_F(ShardedCommitTest, TheNextStartRemovesAFailedSavesTemporaryDirectory) {
 
 TEST_F(ShardedCommitTest, ARankThatEndedBeforeTheStepFailsTheSaveAtOnceNamingIt) {
   ASSERT_TRUE(PublishShardEnded(*posix_, dir_, "model.ckpt", kToken, 2, 5).ok());
-  auto aware = [this](uint32_t rank) {
-    return [this, rank] {
-      ShardCommitRequest request = Prepare(*posix_, rank, 3, 30);
-      request.basename = "model.ckpt";
-      request.step = 7;
-      return CommitShard(*posix_, *manager_, std::move(request), Concatenate);
-    };
-  };
   const auto start = SteadyClock::now();
-  auto results = RunRanks({aware(0), aware(1)});
+  auto results = RunRanks({EndAware(0), EndAware(1)});
   EXPECT_LT(SecondsSince(start), 5) << "an ended rank must not cost the 30 s timeout";
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_FALSE(results[r].committed) << r;
@@ -487,16 +489,8 @@ TEST_F(ShardedCommitTest, ARankThatEndedBeforeTheStepFailsTheSaveAtOnceNamingIt)
 
 TEST_F(ShardedCommitTest, ARankZeroThatEndedBeforeTheStepFailsTheOthersAtOnce) {
   ASSERT_TRUE(PublishShardEnded(*posix_, dir_, "model.ckpt", kToken, 0, 6).ok());
-  auto aware = [this](uint32_t rank) {
-    return [this, rank] {
-      ShardCommitRequest request = Prepare(*posix_, rank, 3, 30);
-      request.basename = "model.ckpt";
-      request.step = 7;
-      return CommitShard(*posix_, *manager_, std::move(request), Concatenate);
-    };
-  };
   const auto start = SteadyClock::now();
-  auto results = RunRanks({aware(1), aware(2)});
+  auto results = RunRanks({EndAware(1), EndAware(2)});
   EXPECT_LT(SecondsSince(start), 5) << "an ended rank 0 must not cost twice the 30 s timeout";
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_FALSE(results[r].committed) << r;
@@ -514,15 +508,7 @@ TEST_F(ShardedCommitTest, AnEndAtOrAfterTheStepIsNoReasonToStopWaiting) {
   // save may still be on its way: only an end before the step fails it.
   ASSERT_TRUE(PublishShardEnded(*posix_, dir_, "model.ckpt", kToken, 1, 7).ok());
   ASSERT_TRUE(PublishShardEnded(*posix_, dir_, "model.ckpt", kToken, 2, 9).ok());
-  auto aware = [this](uint32_t rank) {
-    return [this, rank] {
-      ShardCommitRequest request = Prepare(*posix_, rank, 3, 30);
-      request.basename = "model.ckpt";
-      request.step = 7;
-      return CommitShard(*posix_, *manager_, std::move(request), Concatenate);
-    };
-  };
-  auto results = RunRanks({aware(0), aware(1), aware(2)});
+  auto results = RunRanks({EndAware(0), EndAware(1), EndAware(2)});
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_TRUE(results[r].committed) << r << ": " << results[r].status.ToString();
   }

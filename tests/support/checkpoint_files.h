@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <span>
@@ -18,6 +19,7 @@
 #include "asyncckpt/status.h"
 #include "src/codec/codec.h"
 #include "src/format/format.h"
+#include "src/format/index_file.h"
 #include "src/format/placement.h"
 #include "src/format/writer.h"
 #include "src/util/io_status.h"
@@ -194,6 +196,30 @@ inline Result<format::Index> WriteShardedCheckpointFiles(
   RETURN_IF_ERROR(ToStatus(file->write_at(0, index_bytes.data(), index_bytes.size())));
   RETURN_IF_ERROR(ToStatus(file->sync()));
   return index;
+}
+
+/// Flips one byte in the middle of chunk `chunk` of tensor `name` of `checkpoint`: damage that
+/// only the chunk's checksum can see. NotFound for a tensor or chunk the index does not list.
+inline Status DamageChunk(io::FileSystem& fs, const std::string& checkpoint,
+                          const std::string& name, size_t chunk) {
+  ASSIGN_OR_RETURN(format::Index index, format::LoadIndex(fs, checkpoint));
+  for (const auto& tensor : index.tensors) {
+    if (tensor.name != name) continue;
+    if (chunk >= tensor.chunks.size()) break;
+    const auto& c = tensor.chunks[chunk];
+    const std::string data =
+        checkpoint + "/" + format::DataFileName(c.file_index, index.num_data_files);
+    std::fstream file(data, std::ios::binary | std::ios::in | std::ios::out);
+    if (!file) return Status::IOError("cannot open " + data);
+    const auto middle = static_cast<std::streamoff>(c.file_offset + c.stored_bytes / 2);
+    file.seekg(middle);
+    const char byte = static_cast<char>(file.get() ^ 0x5a);
+    file.seekp(middle);
+    file.put(byte);
+    return file ? Status::OK() : Status::IOError("cannot rewrite a byte of " + data);
+  }
+  return Status::NotFound("no chunk " + std::to_string(chunk) + " of tensor " + name + " in " +
+                          checkpoint);
 }
 
 }  // namespace asyncckpt::testing_support
