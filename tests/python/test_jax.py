@@ -3,6 +3,7 @@ sharding, on 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8).
 
 import collections
 import os
+import threading
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8")
@@ -204,6 +205,8 @@ def test_gathers_shards_into_host_staging_kept_across_saves(ckpt_dir, state):
 
 
 def test_starts_every_device_to_host_copy_before_gathering_any(ckpt_dir, state, monkeypatch):
+    # An accelerator's path (the CPU's host view is the buffer, which needs no copy).
+    monkeypatch.setattr(_jax_tree, "on_cpu", lambda array: False)
     events = []
     array_type = type(state["params"]["w"])
     real_copy = array_type.copy_to_host_async
@@ -232,3 +235,116 @@ def test_load_without_a_target_gives_numpy_arrays(ckpt_dir, state):
     assert loaded["params"]["b"].dtype == jnp.bfloat16
     assert bits(loaded["params"]["w"]) == bits(state["params"]["w"])
     assert loaded["opt"]["count"].shape == () and loaded["step"] == 12
+
+
+@pytest.fixture
+def held_handoff(monkeypatch):
+    """Holds every save's hand-off (on the CPU, the gathers and the engine's copy run on a thread
+    of their own) until the test sets the returned event; ``started`` is set once one waits."""
+    started, release = threading.Event(), threading.Event()
+    real_run = _jax_tree.Gathers.run
+
+    def run(self):
+        started.set()
+        assert release.wait(60), "the test never released the hand-off"
+        real_run(self)
+
+    monkeypatch.setattr(_jax_tree.Gathers, "run", run)
+    release.started = started
+    return release
+
+
+def cpu_state():
+    mesh8 = mesh(8, (4, 2), ("data", "model"))
+    rng = np.random.default_rng(1)
+    return {"w": put(rng.standard_normal((64, 32), dtype=np.float32),
+                     NamedSharding(mesh8, P("data", "model"))),  # gathered from 8 shards
+            "b": put(rng.standard_normal(32, dtype=np.float32),
+                     NamedSharding(mesh8, P()))}  # one view of a replica
+
+
+def buffers(tree):
+    return [shard.data.unsafe_buffer_pointer() for leaf in jax.tree_util.tree_leaves(tree)
+            for shard in leaf.addressable_shards]
+
+
+def test_a_donating_step_right_after_save_leaves_the_saved_values(ckpt_dir, held_handoff):
+    state = cpu_state()
+    saved = {name: bits(array) for name, array in state.items()}
+    step = jax.jit(lambda tree: jax.tree_util.tree_map(lambda a: a * 3 + 1, tree),
+                   donate_argnums=0)
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        future = manager.save(1, state)
+        assert held_handoff.started.wait(60) and not future.done()  # nothing gathered yet
+        updated = jax.block_until_ready(step(state))
+        stepped = bits(updated["w"])
+        held_handoff.set()
+        future.result()
+        restored = manager.restore(abstract(state))
+        # Once the save let its views go, the same step does reuse its input's memory: the
+        # save's views are what kept the first step from overwriting the saved buffers.
+        addresses = buffers(updated)
+        assert buffers(jax.block_until_ready(step(updated))) == addresses
+    assert {name: bits(array) for name, array in restored.items()} == saved
+    assert stepped != saved["w"]
+
+
+def test_arrays_deleted_right_after_save_are_saved_as_they_were(ckpt_dir, held_handoff):
+    state = cpu_state()
+    saved = {name: bits(array) for name, array in state.items()}
+    target = abstract(state)
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        future = manager.save(1, state)
+        assert held_handoff.started.wait(60) and not future.done()
+        for array in state.values():
+            array.delete()
+        # New arrays take the memory the deleted ones would have freed.
+        others = [put(np.full((64, 32), 7, np.float32), array.sharding) for array in state.values()]
+        held_handoff.set()
+        future.result()
+        restored = manager.restore(target)
+    assert {name: bits(array) for name, array in restored.items()} == saved
+    assert all(bool((np.asarray(other) == 7).all()) for other in others)
+
+
+def test_a_numpy_array_changed_right_after_save_is_saved_as_it_was(ckpt_dir, held_handoff):
+    state = {**cpu_state(), "host": np.arange(6, dtype=np.int64)}
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        future = manager.save(1, state)
+        assert held_handoff.started.wait(60)
+        state["host"][:] = -1
+        held_handoff.set()
+        future.result()
+        restored = manager.restore(abstract({**state, "host": np.zeros(6, np.int64)}))
+    assert restored["host"].tolist() == list(range(6))
+
+
+class RefusingEngine:
+    """The manager's engine, refusing saves (as it refuses bad input) while ``refuse`` is set."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.refuse = True
+
+    def save(self, *args):
+        if self.refuse:
+            raise asyncckpt.CheckpointError("refused for the test")
+        return self.engine.save(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_a_refused_handoff_fails_its_future_and_the_next_save_once(ckpt_dir):
+    state = cpu_state()
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, state).result()
+        refusing = manager._engine = RefusingEngine(manager._engine)
+        future = manager.save(2, state)
+        with pytest.raises(asyncckpt.CheckpointError, match="refused for the test"):
+            future.result()
+        with pytest.raises(asyncckpt.CheckpointError, match="refused for the test"):
+            manager.save(3, state)  # raised here once, as a failed background save is
+        refusing.refuse = False
+        manager.save(2, state).result()  # step 2 was never saved: it may be saved again
+        assert manager.all_steps() == [1, 2] and manager.stats().saves_failed == 0
