@@ -1,5 +1,13 @@
 """Restore of a JAX pytree onto a target: each process reads the boxes its target shardings ask
-for, whatever the sharding the arrays were saved with (asyncckpt.jax's restore)."""
+for, whatever the sharding the arrays were saved with (asyncckpt.jax's restore).
+
+On the CPU platform the bytes read become the arrays' device buffers: the reads go into host
+memory aligned as JAX's CPU client wants it, which ``device_put(..., may_alias=True)`` then
+takes in place, so a restore holds each byte once and copies only the boxes that are not
+contiguous in what was read (a column block). Devices that hold the same box (replicas) share
+its memory: JAX takes such memory as immutable, and a donated step computes into new memory
+instead of writing into it (tests/python/test_jax.py), so no device sees another's writes.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _core, _dtypes, _jax_tree, _stateful, _tree
+from . import _core, _dtypes, _jax_tree, _prefault, _stateful, _tree
 
 if TYPE_CHECKING:
     import jax
@@ -54,14 +62,40 @@ class _ArrayRead:
         bounding = _jax_tree.bounding_box(unique, len(shape))
         if _jax_tree.tiles(unique, bounding):
             unique = {bounding}
-        self.buffers = {box: np.empty(box[1], dtype=dtype) for box in sorted(unique)}
+        self.on_cpu = all(getattr(device, "platform", None) == "cpu"  # absent from the stubs
+                          for device in self.device_boxes)
+        self.buffers = {box: _aligned_empty(box[1], dtype) for box in sorted(unique)}
+        # On the CPU, the memory each box's devices take: a view of what is read, or for a box
+        # that is not contiguous there, a copy made once read (``prepare``).
+        self.hosts: dict[Box, np.ndarray[Any, Any]] = {}
+        self.copies: list[Box] = []
+        for box in self.device_boxes.values() if self.on_cpu else ():
+            if box not in self.hosts:
+                part = self._part(box)
+                self.hosts[box] = part if part.flags.c_contiguous else _aligned_empty(
+                    part.shape, part.dtype)
+                if not part.flags.c_contiguous:
+                    self.copies.append(box)
 
     def build(self) -> jax.Array:
+        """The array, once read."""
         import jax
 
-        pieces = [jax.device_put(self._part(box), device)
-                  for device, box in self.device_boxes.items()]
+        if not self.on_cpu:
+            pieces = [jax.device_put(self._part(box), device)
+                      for device, box in self.device_boxes.items()]
+        else:
+            for box in self.copies:
+                np.copyto(self.hosts[box], self._part(box))
+            pieces = [jax.device_put(self.hosts[box], device, may_alias=True)
+                      for device, box in self.device_boxes.items()]
+        self.buffers, self.hosts = {}, {}  # the arrays hold what they use of them
         return jax.make_array_from_single_device_arrays(self.shape, self.sharding, pieces)
+
+    def copy_memory(self) -> list[tuple[int, int]]:
+        """(address, bytes) of the copies ``build`` makes: new memory, faulted in ahead."""
+        return [(int(self.hosts[box].__array_interface__["data"][0]), self.hosts[box].nbytes)
+                for box in self.copies]
 
     def _part(self, box: Box) -> np.ndarray[Any, Any]:
         """A device's box, a view of the buffer read for the box that holds it."""
@@ -71,6 +105,19 @@ class _ArrayRead:
         first, extent = box
         (outer_first, _), buffer = next(iter(self.buffers.items()))
         return buffer[tuple(slice(f - o, f - o + e) for f, o, e in zip(first, outer_first, extent))]
+
+
+# Where the host memory of a restored array starts: JAX's CPU client takes memory aligned so
+# (64 bytes would do) in place, and it is the page size, which O_DIRECT asks for.
+_ALIGNMENT = 4096
+
+
+def _aligned_empty(shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    """A new array of ``shape`` whose memory starts on an _ALIGNMENT boundary."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGNMENT, dtype=np.uint8)
+    start = -int(raw.__array_interface__["data"][0]) % _ALIGNMENT
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def _target_of(leaf: object) -> tuple[tuple[int, ...], np.dtype[Any],
@@ -168,4 +215,8 @@ def _read(reader: _core.Reader, plan: _tree.Plan,
                 box = (shape + extra, list(first) + [0] * len(extra))
             this_round.read(name, canonical, shape + extra, buffer,
                             int(buffer.__array_interface__["data"][0]), None, box)
-        reader.read_into(this_round.specs, this_round.boxes)
+        # Every destination is new memory: its page faults are taken ahead of the reads, and
+        # those of the copies made once all is read beside the last reads.
+        then = ([piece for array_read, *_ in reads for piece in array_read.copy_memory()]
+                if number == rounds - 1 else [])
+        _prefault.read_into_new_memory(reader, this_round.specs, this_round.boxes, then)

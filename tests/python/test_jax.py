@@ -348,3 +348,23 @@ def test_a_refused_handoff_fails_its_future_and_the_next_save_once(ckpt_dir):
         refusing.refuse = False
         manager.save(2, state).result()  # step 2 was never saved: it may be saved again
         assert manager.all_steps() == [1, 2] and manager.stats().saves_failed == 0
+
+
+def test_restored_replicas_share_one_memory_that_a_donating_step_leaves_alone(ckpt_dir):
+    mesh8 = mesh(8, (4, 2), ("data", "model"))
+    saved = np.arange(64 * 32, dtype=np.int32).reshape(64, 32)
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, {"w": put(saved, NamedSharding(mesh8, P("data", "model")))}).result()
+        # Four replicas of each column block, and eight of the whole.
+        for spec in (P(None, "model"), P()):
+            target = {"w": jax.ShapeDtypeStruct(saved.shape, saved.dtype,
+                                                sharding=NamedSharding(mesh8, spec))}
+            restored = manager.restore(target)["w"]
+            blocks = collections.defaultdict(set)
+            for shard in restored.addressable_shards:
+                blocks[repr(shard.index)].add(shard.data.unsafe_buffer_pointer())
+            assert all(len(addresses) == 1 for addresses in blocks.values())  # shared memory
+            step = jax.jit(lambda a: a * 3 + 1, donate_argnums=0)
+            stepped = jax.block_until_ready(step(restored))
+            for shard in stepped.addressable_shards:  # no replica saw another's writes
+                assert np.array_equal(np.asarray(shard.data), (saved * 3 + 1)[shard.index])
