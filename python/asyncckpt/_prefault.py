@@ -136,7 +136,7 @@ def read_into_new_memory(reader: _core.Reader, specs: Sequence[_core.TensorSpec]
     measured faster here than the faults the reader takes as it registers its destinations:
     about 0.15 s per 256 MiB against 0.6-0.8 s), waits for those under way, then reads.
     So the first batch is faulted in by this thread while the fault threads go ahead."""
-    host = sum(spec[4] for spec in specs if spec[5] is None)
+    host = sum(spec[4] for spec in specs if spec[5] is None) + sum(n for _, n in then)
     if host < MIN_PREFAULT_BYTES or _libc_madvise() is None:
         reader.read_into(list(specs), boxes)
         return

@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import asyncckpt
 import asyncckpt.jax
-from asyncckpt import _jax_tree
+from asyncckpt import _jax_tree, _prefault
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (CPU) devices")
 
@@ -368,3 +368,27 @@ def test_restored_replicas_share_one_memory_that_a_donating_step_leaves_alone(ck
             stepped = jax.block_until_ready(step(restored))
             for shard in stepped.addressable_shards:  # no replica saw another's writes
                 assert np.array_equal(np.asarray(shard.data), (saved * 3 + 1)[shard.index])
+
+
+def test_column_blocks_are_copied_into_memory_faulted_in_beside_the_reads(ckpt_dir,
+                                                                         monkeypatch):
+    faulted = []
+    real_fault_in = _prefault._fault_in
+
+    def fault_in(address, nbytes):
+        faulted.append((address, nbytes))
+        real_fault_in(address, nbytes)
+
+    monkeypatch.setattr(_prefault, "_fault_in", fault_in)
+    mesh8 = mesh(8, (4, 2), ("data", "model"))
+    saved = np.random.default_rng(2).standard_normal((512, 1024), dtype=np.float32)  # 2 MiB
+    sharding = NamedSharding(mesh8, P(None, "model"))  # two column blocks, four replicas each
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, {"w": put(saved, sharding)}).result()
+        target = {"w": jax.ShapeDtypeStruct(saved.shape, saved.dtype, sharding=sharding)}
+        restored = manager.restore(target)["w"]
+    assert bits(restored) == bits(saved)
+    blocks = {shard.data.unsafe_buffer_pointer() for shard in restored.addressable_shards}
+    assert len(blocks) == 2
+    assert all(any(start <= block < start + nbytes for start, nbytes in faulted)
+               for block in blocks)
