@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import asyncckpt
 import asyncckpt.jax
-from asyncckpt import _jax_tree, _prefault
+from asyncckpt import _jax_restore, _jax_tree, _prefault
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (CPU) devices")
 
@@ -370,16 +370,22 @@ def test_restored_replicas_share_one_memory_that_a_donating_step_leaves_alone(ck
                 assert np.array_equal(np.asarray(shard.data), (saved * 3 + 1)[shard.index])
 
 
-def test_column_blocks_are_copied_into_memory_faulted_in_beside_the_reads(ckpt_dir,
-                                                                         monkeypatch):
-    faulted = []
+def test_column_blocks_lie_in_memory_faulted_in_ahead_and_so_does_the_scratch(ckpt_dir,
+                                                                             monkeypatch):
+    faulted, then = [], []
     real_fault_in = _prefault._fault_in
+    real_read = _prefault.read_into_new_memory
 
     def fault_in(address, nbytes):
         faulted.append((address, nbytes))
         real_fault_in(address, nbytes)
 
+    def read_into_new_memory(reader, specs, boxes, after=()):
+        then.extend(after)
+        real_read(reader, specs, boxes, after)
+
     monkeypatch.setattr(_prefault, "_fault_in", fault_in)
+    monkeypatch.setattr(_prefault, "read_into_new_memory", read_into_new_memory)
     mesh8 = mesh(8, (4, 2), ("data", "model"))
     saved = np.random.default_rng(2).standard_normal((512, 1024), dtype=np.float32)  # 2 MiB
     sharding = NamedSharding(mesh8, P(None, "model"))  # two column blocks, four replicas each
@@ -389,6 +395,39 @@ def test_column_blocks_are_copied_into_memory_faulted_in_beside_the_reads(ckpt_d
         restored = manager.restore(target)["w"]
     assert bits(restored) == bits(saved)
     blocks = {shard.data.unsafe_buffer_pointer() for shard in restored.addressable_shards}
-    assert len(blocks) == 2
-    assert all(any(start <= block < start + nbytes for start, nbytes in faulted)
-               for block in blocks)
+    assert len(blocks) == 2 and then  # the scratch of the rearrangement
+
+    def was_faulted(address):
+        return any(start <= address < start + nbytes for start, nbytes in faulted)
+
+    assert all(was_faulted(block) for block in blocks)
+    assert all(was_faulted(address) for address, _ in then)
+
+
+@pytest.mark.parametrize("widths", [[2, 2], [3, 1, 5], [1, 7], [6, 1], [4]])
+@pytest.mark.parametrize("height", [1, 2, 5, 17])
+def test_column_blocks_are_put_one_after_the_other_in_place(widths, height):
+    rng = np.random.default_rng(height)
+    band = rng.integers(0, 2**31, size=(height, sum(widths), 3), dtype=np.int32)
+    expected = np.split(band.copy(), np.cumsum(widths)[:-1], axis=1)
+    scratch = np.empty(band.nbytes, np.uint8)
+    blocks = _jax_restore._columns_in_turn(band, widths, scratch)
+    for block, want in zip(blocks, expected):
+        assert np.shares_memory(block, band) and block.flags.c_contiguous
+        assert np.array_equal(block, want)
+
+
+@pytest.mark.parametrize("spec", [P(None, "model"), P("data", "model"), P("model", "data"),
+                                  P(None, ("data", "model")), P("data", None, "model")])
+def test_restores_column_blocks_bit_exact_in_the_memory_that_was_read(ckpt_dir, spec):
+    mesh8 = mesh(8, (4, 2), ("data", "model"))
+    shape = (16, 32) if len(spec) == 2 else (8, 4, 6)
+    saved = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, {"w": put(saved, NamedSharding(mesh8, P("data")))}).result()
+        target = {"w": jax.ShapeDtypeStruct(shape, saved.dtype,
+                                            sharding=NamedSharding(mesh8, spec))}
+        restored = manager.restore(target)["w"]
+    assert bits(restored) == bits(saved)
+    for shard in restored.addressable_shards:
+        assert np.array_equal(np.asarray(shard.data), saved[shard.index])
