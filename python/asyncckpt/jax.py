@@ -159,5 +159,3 @@ class CheckpointManager(_manager.CheckpointManager):
                 return _jax_restore.restore(reader, target, partial)
         finally:
             _logging.drain()
-
-
