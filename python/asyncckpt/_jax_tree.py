@@ -11,6 +11,13 @@ shards, which must be one box of the global array; replicas (shards with the sam
 this process or another) are written once, by the lowest rank holding them (the C++ engine's
 rule). On restore each process reads the boxes its target sharding asks for, whatever the
 sharding that was saved.
+
+On the CPU platform a shard's ``np.asarray`` is a view of the device buffer itself, no copy. The
+view is an external reference to the buffer, and while one is held JAX neither donates the
+buffer (a jitted step with ``donate_argnums`` computes into new memory instead) nor frees it
+(``delete()`` leaves the memory to the view): so a view taken at the save is the state as it
+was, for as long as it is held (tests/python/test_jax.py proves both). A save there may gather
+the shards into staging later, on another thread (``Gathers``).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import dataclasses
 import math
 from typing import TYPE_CHECKING, Any, cast
 
@@ -26,7 +34,7 @@ import numpy as np
 from . import _dtypes, _tree
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
     import jax
 
@@ -157,14 +165,49 @@ class HostStaging:
             del self._buffers[name]
 
 
-# The staging of the save under way on this thread (saves on several threads keep theirs).
-_current_staging: contextvars.ContextVar[HostStaging | None] = contextvars.ContextVar(
-    "asyncckpt_jax_staging", default=None)
+class Gathers:
+    """Copies of shards into staging left for later (``run``): each source is the view of a CPU
+    device buffer, which it keeps alive and unchanged until run (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self._copies: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []
+
+    def add(self, destination: np.ndarray[Any, Any], source: np.ndarray[Any, Any]) -> None:
+        self._copies.append((destination, source))
+
+    def run(self) -> None:
+        """Makes the copies (NumPy drops the GIL for them) and lets the views go."""
+        copies, self._copies = self._copies, []
+        for destination, source in copies:
+            np.copyto(destination, source)
+
+
+@dataclasses.dataclass
+class _Save:
+    """The save under way on this thread: where shards are gathered, the gathers left for
+    later (None: gathered at once), and the names of the tensors that jax.Arrays became."""
+
+    staging: HostStaging
+    later: Gathers | None
+    jax_names: set[str] = dataclasses.field(default_factory=set)
+
+
+# The save under way on this thread (saves on several threads keep theirs).
+_current_save: contextvars.ContextVar[_Save | None] = contextvars.ContextVar(
+    "asyncckpt_jax_save", default=None)
+
+
+def on_cpu(array: jax.Array) -> bool:
+    """Whether every shard this process holds of ``array`` is on the CPU platform, where the
+    host view of a shard is the device buffer itself."""
+    # getattr: jaxlib's stubs leave Device.platform out.
+    return all(getattr(device, "platform", None) == "cpu"
+               for device in array.sharding.addressable_devices)
 
 
 def _host_part(array: jax.Array, name: str, box: Box) -> np.ndarray[Any, Any]:
     """The host bytes of ``box``: a view of the one shard that covers it, or the shards gathered
-    into the staging buffer of ``name``."""
+    into the staging buffer of ``name`` (now, or by the save's Gathers)."""
     shape = tuple(array.shape)
     first, extent = box
     unique: dict[Box, Any] = {}
@@ -172,11 +215,14 @@ def _host_part(array: jax.Array, name: str, box: Box) -> np.ndarray[Any, Any]:
         unique.setdefault(box_of(shard.index, shape), shard)
     if len(unique) == 1:
         return np.asarray(next(iter(unique.values())).data)
-    staging = _current_staging.get() or HostStaging()
-    buffer = staging.buffer(name, extent, np.dtype(array.dtype))
+    save = _current_save.get() or _Save(HostStaging(), None)
+    buffer = save.staging.buffer(name, extent, np.dtype(array.dtype))
     for (shard_first, shard_extent), shard in unique.items():
         where = tuple(slice(f - b, f - b + e) for f, b, e in zip(shard_first, first, shard_extent))
-        buffer[where] = np.asarray(shard.data)
+        if save.later is not None:
+            save.later.add(buffer[where], np.asarray(shard.data))
+        else:
+            buffer[where] = np.asarray(shard.data)
     return buffer
 
 
@@ -197,6 +243,9 @@ def jax_leaf(value: object, names: list[str]) -> tuple[_tree.Leaf, _tree.Node] |
     host = _host_part(array, name, box)
     if not host.flags.c_contiguous:
         host = np.ascontiguousarray(host)
+    save = _current_save.get()
+    if save is not None:
+        save.jax_names.add(name)
     extra = [2] if is_complex else []
     leaf = _tree.Leaf()
     leaf.name = name
@@ -212,20 +261,57 @@ def jax_leaf(value: object, names: list[str]) -> tuple[_tree.Leaf, _tree.Node] |
 
 
 @contextlib.contextmanager
-def saving(state: object, staging: HostStaging) -> Iterator[None]:
+def saving(state: object, staging: HostStaging,
+           later: Gathers | None = None) -> Iterator[set[str]]:
     """Around a save's flatten: every jax.Array's device-to-host copy is started at once
     (``copy_to_host_async``), so the copies overlap one another, and the shards are gathered
-    into ``staging``."""
+    into ``staging``: at once, or with ``later`` (CPU arrays only) by ``later.run()``. Yields
+    the set that gets the names of the tensors that jax.Arrays become."""
     from jax import tree_util
 
     for leaf in tree_util.tree_leaves(state):
-        if is_jax_array(leaf):
+        if is_jax_array(leaf) and not on_cpu(leaf):  # on the CPU the host view is the buffer
             leaf.copy_to_host_async()
-    token = _current_staging.set(staging)
+    save = _Save(staging, later)
+    token = _current_save.set(save)
     try:
-        yield
+        yield save.jax_names
     finally:
-        _current_staging.reset(token)
+        _current_save.reset(token)
+
+
+def all_on_cpu(state: object) -> bool:
+    """Whether every jax.Array of ``state`` is on the CPU platform (``on_cpu``)."""
+    from jax import tree_util
+
+    return all(on_cpu(leaf) for leaf in tree_util.tree_leaves(state) if is_jax_array(leaf))
+
+
+def flatten(state: object, staging: HostStaging,
+            flatten_plain: Callable[[object], tuple[list[_tree.Leaf], dict[str, str]]],
+            defer: bool) -> tuple[list[_tree.Leaf], dict[str, str], Gathers | None]:
+    """A save's (leaves, metadata) of a JAX ``state``, and the gathers left for later: with
+    ``defer`` and every array on the CPU, the shards are gathered by the returned Gathers and
+    NumPy arrays are copied (the caller may change them once the save returns); else None, all
+    gathered now. ``flatten_plain`` flattens the state's plain tree (``to_plain``)."""
+    later = Gathers() if defer and all_on_cpu(state) else None
+    with saving(state, staging, later) as jax_names:
+        leaves, metadata = flatten_plain(to_plain(state))
+    staging.drop_unused({leaf.name for leaf in leaves})
+    if later is not None and not all(leaf.name in jax_names or _own_copy(leaf)
+                                     for leaf in leaves):
+        later.run()  # a tensor of another library: all is gathered now, as on other platforms
+        later = None
+    return leaves, metadata, later
+
+
+def _own_copy(leaf: _tree.Leaf) -> bool:
+    """Gives a NumPy leaf a copy of its own; False for a tensor of another library."""
+    if not isinstance(leaf.array, np.ndarray):
+        return False
+    leaf.array = leaf.array.copy()
+    leaf.address = int(leaf.array.__array_interface__["data"][0])
+    return True
 
 
 _tree.FOREIGN_LEAVES.append(jax_leaf)

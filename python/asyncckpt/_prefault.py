@@ -101,11 +101,15 @@ def pieces(specs: Sequence[_core.TensorSpec]) -> list[tuple[int, int]]:
     for little."""
     out: list[tuple[int, int]] = []
     for _, _, _, address, nbytes, cuda in specs:
-        if cuda is not None or nbytes < MIN_PREFAULT_BYTES:
-            continue
-        for offset in range(0, nbytes, PIECE_BYTES):
-            out.append((address + offset, min(PIECE_BYTES, nbytes - offset)))
+        if cuda is None and nbytes >= MIN_PREFAULT_BYTES:
+            out += _cut(address, nbytes)
     return out
+
+
+def _cut(address: int, nbytes: int) -> list[tuple[int, int]]:
+    """[address, address + nbytes) in pieces of PIECE_BYTES."""
+    return [(address + offset, min(PIECE_BYTES, nbytes - offset))
+            for offset in range(0, nbytes, PIECE_BYTES)]
 
 
 def _fault_in(address: int, nbytes: int) -> None:
@@ -119,17 +123,20 @@ def fault_threads() -> int:
 
 
 def read_into_new_memory(reader: _core.Reader, specs: Sequence[_core.TensorSpec],
-                         boxes: dict[str, tuple[list[int], list[int]]]) -> None:
+                         boxes: dict[str, tuple[list[int], list[int]]],
+                         then: Sequence[tuple[int, int]] = ()) -> None:
     """``reader.read_into(specs, boxes)`` for destinations allocated just now, their page
     faults taken ahead of the reads on other threads. Only for memory no one else sees yet: a
-    failure leaves the batches before it read.
+    failure leaves the batches before it read. ``then``: (address, bytes) of new memory the
+    caller fills once the reads are done, faulted in too, after the destinations (the threads
+    would idle while the last reads run), and by the time this returns.
 
     The calling thread does not idle while the fault threads work: when it reaches a batch, it
     faults in the pieces of it that no thread has started itself (with the same madvise, which
     measured faster here than the faults the reader takes as it registers its destinations:
     about 0.15 s per 256 MiB against 0.6-0.8 s), waits for those under way, then reads.
     So the first batch is faulted in by this thread while the fault threads go ahead."""
-    host = sum(spec[4] for spec in specs if spec[5] is None)
+    host = sum(spec[4] for spec in specs if spec[5] is None) + sum(n for _, n in then)
     if host < MIN_PREFAULT_BYTES or _libc_madvise() is None:
         reader.read_into(list(specs), boxes)
         return
@@ -138,6 +145,10 @@ def read_into_new_memory(reader: _core.Reader, specs: Sequence[_core.TensorSpec]
                                                thread_name_prefix="asyncckpt-fault") as pool:
         faulted = [[(piece, pool.submit(_fault_in, *piece)) for piece in pieces(run)]
                    for run in runs]
+        faulted.append([(piece, pool.submit(_fault_in, *piece))
+                        for address, nbytes in then
+                        for piece in _cut(address, nbytes)])
+        runs.append([])  # ``then``'s pieces: nothing to read once they are in
         try:
             for run, own in zip(runs, faulted):
                 for piece, future in own:
@@ -145,8 +156,9 @@ def read_into_new_memory(reader: _core.Reader, specs: Sequence[_core.TensorSpec]
                         _fault_in(*piece)
                     else:
                         future.result()
-                reader.read_into(run, {spec[0]: boxes[spec[0]] for spec in run
-                                       if spec[0] in boxes})
+                if run:
+                    reader.read_into(run, {spec[0]: boxes[spec[0]] for spec in run
+                                           if spec[0] in boxes})
         finally:
             for own in faulted:
                 for _, future in own:

@@ -6,12 +6,18 @@ the n-th is done once n saves have finished (saves_committed + saves_failed), an
 then the entry of the totals' window that n names. The tracker reads them at every manager call
 (a save is a call, so none leaves the window unread), and a future waits for its own save in
 C++ with the GIL released.
+
+A manager may hand a save to the engine on a thread of its own (asyncckpt.jax on the CPU): the
+save is made (numbered, its future returned) before the engine has it. Until that hand-off ends,
+waits wait for it first; a hand-off that fails never reaches the engine, so its number is
+withdrawn and its future gets the error, else a wait for it would never end.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 import weakref
 from typing import TYPE_CHECKING
 
@@ -83,6 +89,7 @@ class SaveFuture:
         self._ordinal = ordinal
         self.step = step  #: the step this save wrote
         self._stats: SaveStats | None = None
+        self._error: BaseException | None = None  # a hand-off that failed
         self._resolved = threading.Event()
 
     def __repr__(self) -> str:
@@ -116,6 +123,12 @@ class SaveFuture:
                 self._ordinal, -1.0 if timeout is None else max(0.0, timeout)):
             raise TimeoutError(f"the save of step {self.step} is still in progress after "
                                f"{timeout} s")
+        if self._error is not None:
+            if isinstance(self._error, _core.CheckpointError):
+                return self._error
+            error = _core.CheckpointError(f"the save of step {self.step} failed: {self._error}")
+            error.__cause__ = self._error
+            return error
         if self._stats is None:
             return _core.CheckpointError(
                 f"the save of step {self.step} finished, but its stats are no longer kept (the "
@@ -127,6 +140,10 @@ class SaveFuture:
 
     def _resolve(self, stats: SaveStats | None) -> None:
         self._stats = stats
+        self._resolved.set()
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
         self._resolved.set()
 
 
@@ -141,6 +158,8 @@ class SaveTracker:
         self._pending: weakref.WeakValueDictionary[int, SaveFuture] = (
             weakref.WeakValueDictionary())
         self._failed: list[SaveStats] = []  # read, not yet taken by the manager
+        self._handed = threading.Event()  # clear while the last save made is being handed over
+        self._handed.set()
 
     def made(self, step: int) -> SaveFuture:
         """The future of the save of ``step`` just handed to the engine."""
@@ -151,10 +170,33 @@ class SaveTracker:
         self.read()
         return future
 
+    def handing_over(self) -> None:
+        """The save just made goes to the engine on another thread; handed_over ends it."""
+        self._handed.clear()
+
+    def handed_over(self, future: SaveFuture, error: BaseException | None) -> None:
+        """The hand-off of ``future``'s save (the last one made) ended; with ``error`` it never
+        reached the engine: its number is withdrawn (the engine counts the saves it got) and its
+        future fails with ``error``."""
+        if error is not None:
+            with self._lock:
+                if self._made == future._ordinal:
+                    self._made -= 1
+                self._pending.pop(future._ordinal, None)
+            future._fail(error)
+        self._handed.set()
+
     def poll(self, ordinal: int, timeout_seconds: float) -> bool:
         """Whether save ``ordinal`` is done, waiting up to ``timeout_seconds`` (< 0: no limit);
         when it is, its future is resolved."""
-        if not self._core.wait_for_finished_saves(ordinal, timeout_seconds):
+        deadline = time.monotonic() + timeout_seconds
+        if not self._handed.wait(None if timeout_seconds < 0 else timeout_seconds):
+            return False
+        with self._lock:
+            if ordinal > self._made:  # withdrawn: its future failed already
+                return True
+        left = -1.0 if timeout_seconds < 0 else max(0.0, deadline - time.monotonic())
+        if not self._core.wait_for_finished_saves(ordinal, left):
             return False
         self.read()
         return True
@@ -162,6 +204,7 @@ class SaveTracker:
     def wait_all(self) -> None:
         """Waits until every save handed to the engine so far has finished (committed or
         failed); each rank waits for its own view, with no collective."""
+        self._handed.wait()
         with self._lock:
             made = self._made
         if made > self._read:

@@ -18,13 +18,25 @@ processes commit each step together or not at all.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from . import _coordination, _core, _jax_restore, _jax_tree, _logging, _pickled, _steps
+from . import (
+    _coordination,
+    _core,
+    _handoff,
+    _jax_restore,
+    _jax_tree,
+    _logging,
+    _pickled,
+    _steps,
+)
 from . import manager as _manager
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from . import _tree
+    from ._saves import SaveFuture
 
 __all__ = ["CheckpointManager"]
 
@@ -36,6 +48,14 @@ class CheckpointManager(_manager.CheckpointManager):
     the shards this process addresses into host staging kept across saves, and returns once the
     engine holds its copy; encoding and writing run in the background. ``coordinator``
     defaults to ``jax.distributed``'s processes when there are several.
+
+    On the CPU platform (one process) ``save`` returns sooner: it keeps a view of each shard's
+    device buffer, which JAX neither donates nor frees while it is held, so the gather and the
+    engine's copy run on a thread of its own (asyncckpt._handoff) while training goes on; NumPy
+    arrays of the state are copied first, as the caller may change them. The next call into the
+    engine waits for that thread, and an error it met (the engine refused the save) fails the
+    save's future and is raised by the next save, maybe_save, wait_until_finished or close.
+    The save's SaveStats.blocked_seconds is then that thread's time in the engine.
     """
 
     def __init__(self, directory: _manager.StrPath, *,
@@ -46,13 +66,72 @@ class CheckpointManager(_manager.CheckpointManager):
             coordinator = _coordination.jax_coordinator()
         super().__init__(directory, coordinator=coordinator, **options)
         self._staging = _jax_tree.HostStaging()
+        self._later: _jax_tree.Gathers | None = None  # the gathers of the save being made
+        self._handoff = _handoff.Handoff(self._saves, self._ledger)
+        self._engine = self._core  # the hand-off's own way in, which must not wait for itself
+        self._core = cast("_core.Checkpointer",
+                          _handoff.EngineAfterHandoff(self._core, self._handoff))
 
     def _flatten_state(self, state: object,
                        allow_pickle: bool) -> tuple[list[_tree.Leaf], dict[str, str]]:
-        with _jax_tree.saving(state, self._staging):
-            leaves, metadata = super()._flatten_state(_jax_tree.to_plain(state), allow_pickle)
-        self._staging.drop_unused({leaf.name for leaf in leaves})
+        self._handoff.join()  # the staging may still be read by the last hand-off
+        leaves, metadata, self._later = _jax_tree.flatten(
+            state, self._staging, lambda plain: super(CheckpointManager, self)._flatten_state(
+                plain, allow_pickle), defer=self._coordinator is None)
         return leaves, metadata
+
+    def _save_now(self, step: int, state: object, metrics: Mapping[str, object] | None,
+                  metadata: Mapping[str, object] | None, allow_pickle: bool,
+                  may_skip: bool) -> SaveFuture | None:
+        self._handoff.settle()
+        try:
+            future = super()._save_now(step, state, metrics, metadata, allow_pickle, may_skip)
+        except BaseException:
+            self._handoff.drop_queued()
+            raise
+        if future is not None:
+            self._handoff.start(future)
+        return future
+
+    def _hand_over(self, step: int, leaves: list[_tree.Leaf], metadata: dict[str, str],
+                   may_skip: bool) -> bool:
+        later, self._later = self._later, None
+        if later is None or (may_skip and self._on_busy == "skip"):
+            # Here and now: another platform, several processes, or a skip decided at once.
+            if later is not None:
+                later.run()
+            return super()._hand_over(step, leaves, metadata, may_skip)
+
+        def hand_over() -> None:
+            later.run()
+            specs = [leaf.spec() for leaf in leaves]
+            boxes = _manager._boxes(leaves)
+            if may_skip and not self._engine.maybe_save(step, specs, metadata, boxes):
+                raise _core.CheckpointError(f"the save of step {step} was not taken")
+            if not may_skip:
+                self._engine.save(step, specs, metadata, boxes)
+
+        self._handoff.queue(hand_over, self._ledger.latest)
+        return True
+
+    def _report_failure(self) -> None:
+        if self._handoff.busy():  # reported at a later step: this one does not wait for it
+            _logging.drain()
+            return
+        self._handoff.settle()
+        super()._report_failure()
+
+    def wait_until_finished(self) -> None:
+        """As asyncckpt.CheckpointManager.wait_until_finished."""
+        self._handoff.settle()
+        super().wait_until_finished()
+
+    def close(self) -> None:
+        """As asyncckpt.CheckpointManager.close."""
+        try:
+            self._handoff.settle()
+        finally:
+            super().close()
 
     # The restored pytree is returned (jax arrays are immutable), where the base fills in place.
     def restore(self, target: Any, step: int | None = None, *,
@@ -80,4 +159,3 @@ class CheckpointManager(_manager.CheckpointManager):
                 return _jax_restore.restore(reader, target, partial)
         finally:
             _logging.drain()
-

@@ -238,6 +238,7 @@ class CheckpointManager:
         self._copying_gpus: set[int] = set()  # GPUs whose copies no stream waited for yet
         self._directory = os.fspath(directory)
         self._on_error = saver_options.on_error
+        self._on_busy = saver_options.on_busy
         self._allow_fresh_start = saver_options.allow_fresh_start
         if coordinator is None:
             coordinator = _coordination.default_coordinator(process_group)
@@ -285,20 +286,8 @@ class CheckpointManager:
         """
         step = _steps.check_step(step)
         self._ledger.check_new(step, force, self._core.checkpoint_path)
-        step_metadata = {**_step_metadata.encode(metrics, metadata),
-                         **_score_entry(self._best_fn, step, metrics)}
-        leaves, tree_metadata = self._flatten_state(state, allow_pickle)
-        specs = [leaf.spec() for leaf in leaves]
-        try:
-            with self._stream_ordering(specs):
-                self._core.save(step, specs, {**tree_metadata, **step_metadata},
-                                _boxes(leaves))
-            self._last_submitted = step
-            self._ledger.saved(step)
-            future = self._saves.made(step)
-        finally:
-            _logging.drain()
-        self._warn_about_failures()
+        future = self._save_now(step, state, metrics, metadata, allow_pickle, may_skip=False)
+        assert future is not None  # save() is never skipped
         return future
 
     def prepare(self, state: object, reserve_bytes: int = 0) -> None:
@@ -347,7 +336,14 @@ class CheckpointManager:
         if not self.should_save(step):
             self._report_failure()
             return None
-        step = _steps.check_step(step)
+        return self._save_now(_steps.check_step(step), state, metrics, metadata, allow_pickle,
+                              may_skip=True)
+
+    def _save_now(self, step: int, state: object, metrics: Mapping[str, object] | None,
+                  metadata: Mapping[str, object] | None, allow_pickle: bool,
+                  may_skip: bool) -> SaveFuture | None:
+        """The save of ``step`` that save and maybe_save (``may_skip``: staging busy with
+        on_busy="skip" skips it) take: the future, or None when skipped."""
         step_metadata = {**_step_metadata.encode(metrics, metadata),
                          **_score_entry(self._best_fn, step, metrics)}
         leaves, tree_metadata = self._flatten_state(state, allow_pickle)
@@ -355,8 +351,8 @@ class CheckpointManager:
         future = None
         try:
             with self._stream_ordering(specs):
-                taken = self._core.maybe_save(step, specs, {**tree_metadata, **step_metadata},
-                                              _boxes(leaves))
+                taken = self._hand_over(step, leaves, {**tree_metadata, **step_metadata},
+                                        may_skip)
             self._last_submitted = step  # seen by the C++ timer, saved or skipped
             if taken:
                 self._ledger.saved(step)
@@ -365,6 +361,16 @@ class CheckpointManager:
             _logging.drain()
         self._warn_about_failures()
         return future
+
+    def _hand_over(self, step: int, leaves: list[_tree.Leaf], metadata: dict[str, str],
+                   may_skip: bool) -> bool:
+        """Gives the engine the save of ``leaves``, returning once it holds its copy: whether
+        it was taken. (asyncckpt.jax hands it over on a thread of its own on the CPU.)"""
+        specs = [leaf.spec() for leaf in leaves]
+        if may_skip:
+            return self._core.maybe_save(step, specs, metadata, _boxes(leaves))
+        self._core.save(step, specs, metadata, _boxes(leaves))
+        return True
 
     @contextlib.contextmanager
     def _stream_ordering(self, specs: list[_core.TensorSpec]) -> Iterator[None]:

@@ -12,9 +12,11 @@ Orbax keeps what is its own: the step directories (``<path>/<step>/<item>/``), t
 names and atomic rename, its metadata files, ``all_steps``, ``latest_step``, ``should_save``
 and the keep policies. Inside an item's directory asyncckpt writes one checkpoint of its own
 format (``model.ckpt-0/`` and its state file) through the C++ engine: ``async_save`` returns
-once every array's device-to-host copy is done, and the commit future, which Orbax runs once
-its directory exists, encodes, writes and syncs it. ``restore`` reads the boxes the target's
-shardings ask for, as ``asyncckpt.jax.CheckpointManager.restore`` does (the same code).
+once every array's device-to-host copy is done (on the CPU, once it holds a view of each
+shard's buffer, which JAX neither donates nor frees while it is held), and the commit future,
+which Orbax runs once its directory exists, gathers the shards, encodes, writes and syncs it.
+``restore`` reads the boxes the target's shardings ask for, as
+``asyncckpt.jax.CheckpointManager.restore`` does (the same code).
 
 One process only: in a ``jax.distributed`` job use ``asyncckpt.jax.CheckpointManager``, whose
 processes commit together; Orbax's own multi-host barriers would have to be joined with the
@@ -61,13 +63,15 @@ class AsyncckptCheckpointHandler(ocp.AsyncCheckpointHandler):  # type: ignore[mi
         if args is not None:
             item = args.item
         allow_pickle = bool(args.allow_pickle) if args is not None else False
-        with _jax_tree.saving(item, self._staging):
-            leaves, metadata = _manager._flatten(
-                _jax_tree.to_plain(item), allow_pickle)
-        self._staging.drop_unused({leaf.name for leaf in leaves})
+        # On the CPU the shards are gathered by the commit (asyncckpt._jax_tree.flatten).
+        leaves, metadata, later = _jax_tree.flatten(
+            item, self._staging, lambda plain: _manager._flatten(plain, allow_pickle),
+            defer=True)
 
         async def write() -> None:
-            # The leaves own the host copies until the engine has written them.
+            # The leaves own the host copies (or views) until the engine has written them.
+            if later is not None:
+                later.run()
             core = _core.Checkpointer(os.fspath(directory), self._options, False, None)
             try:
                 core.save(_STEP, [leaf.spec() for leaf in leaves], metadata,

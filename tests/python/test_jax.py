@@ -3,6 +3,7 @@ sharding, on 8 CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8).
 
 import collections
 import os
+import threading
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8")
@@ -17,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 
 import asyncckpt
 import asyncckpt.jax
-from asyncckpt import _jax_tree
+from asyncckpt import _jax_restore, _jax_tree, _prefault
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (CPU) devices")
 
@@ -204,6 +205,8 @@ def test_gathers_shards_into_host_staging_kept_across_saves(ckpt_dir, state):
 
 
 def test_starts_every_device_to_host_copy_before_gathering_any(ckpt_dir, state, monkeypatch):
+    # An accelerator's path (the CPU's host view is the buffer, which needs no copy).
+    monkeypatch.setattr(_jax_tree, "on_cpu", lambda array: False)
     events = []
     array_type = type(state["params"]["w"])
     real_copy = array_type.copy_to_host_async
@@ -232,3 +235,199 @@ def test_load_without_a_target_gives_numpy_arrays(ckpt_dir, state):
     assert loaded["params"]["b"].dtype == jnp.bfloat16
     assert bits(loaded["params"]["w"]) == bits(state["params"]["w"])
     assert loaded["opt"]["count"].shape == () and loaded["step"] == 12
+
+
+@pytest.fixture
+def held_handoff(monkeypatch):
+    """Holds every save's hand-off (on the CPU, the gathers and the engine's copy run on a thread
+    of their own) until the test sets the returned event; ``started`` is set once one waits."""
+    started, release = threading.Event(), threading.Event()
+    real_run = _jax_tree.Gathers.run
+
+    def run(self):
+        started.set()
+        assert release.wait(60), "the test never released the hand-off"
+        real_run(self)
+
+    monkeypatch.setattr(_jax_tree.Gathers, "run", run)
+    release.started = started
+    return release
+
+
+def cpu_state():
+    mesh8 = mesh(8, (4, 2), ("data", "model"))
+    rng = np.random.default_rng(1)
+    return {"w": put(rng.standard_normal((64, 32), dtype=np.float32),
+                     NamedSharding(mesh8, P("data", "model"))),  # gathered from 8 shards
+            "b": put(rng.standard_normal(32, dtype=np.float32),
+                     NamedSharding(mesh8, P()))}  # one view of a replica
+
+
+def buffers(tree):
+    return [shard.data.unsafe_buffer_pointer() for leaf in jax.tree_util.tree_leaves(tree)
+            for shard in leaf.addressable_shards]
+
+
+def test_a_donating_step_right_after_save_leaves_the_saved_values(ckpt_dir, held_handoff):
+    state = cpu_state()
+    saved = {name: bits(array) for name, array in state.items()}
+    step = jax.jit(lambda tree: jax.tree_util.tree_map(lambda a: a * 3 + 1, tree),
+                   donate_argnums=0)
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        future = manager.save(1, state)
+        assert held_handoff.started.wait(60) and not future.done()  # nothing gathered yet
+        updated = jax.block_until_ready(step(state))
+        stepped = bits(updated["w"])
+        held_handoff.set()
+        future.result()
+        restored = manager.restore(abstract(state))
+        # Once the save let its views go, the same step does reuse its input's memory: the
+        # save's views are what kept the first step from overwriting the saved buffers.
+        addresses = buffers(updated)
+        assert buffers(jax.block_until_ready(step(updated))) == addresses
+    assert {name: bits(array) for name, array in restored.items()} == saved
+    assert stepped != saved["w"]
+
+
+def test_arrays_deleted_right_after_save_are_saved_as_they_were(ckpt_dir, held_handoff):
+    state = cpu_state()
+    saved = {name: bits(array) for name, array in state.items()}
+    target = abstract(state)
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        future = manager.save(1, state)
+        assert held_handoff.started.wait(60) and not future.done()
+        for array in state.values():
+            array.delete()
+        # New arrays take the memory the deleted ones would have freed.
+        others = [put(np.full((64, 32), 7, np.float32), array.sharding) for array in state.values()]
+        held_handoff.set()
+        future.result()
+        restored = manager.restore(target)
+    assert {name: bits(array) for name, array in restored.items()} == saved
+    assert all(bool((np.asarray(other) == 7).all()) for other in others)
+
+
+def test_a_numpy_array_changed_right_after_save_is_saved_as_it_was(ckpt_dir, held_handoff):
+    state = {**cpu_state(), "host": np.arange(6, dtype=np.int64)}
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        future = manager.save(1, state)
+        assert held_handoff.started.wait(60)
+        state["host"][:] = -1
+        held_handoff.set()
+        future.result()
+        restored = manager.restore(abstract({**state, "host": np.zeros(6, np.int64)}))
+    assert restored["host"].tolist() == list(range(6))
+
+
+class RefusingEngine:
+    """The manager's engine, refusing saves (as it refuses bad input) while ``refuse`` is set."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.refuse = True
+
+    def save(self, *args):
+        if self.refuse:
+            raise asyncckpt.CheckpointError("refused for the test")
+        return self.engine.save(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+def test_a_refused_handoff_fails_its_future_and_the_next_save_once(ckpt_dir):
+    state = cpu_state()
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, state).result()
+        refusing = manager._engine = RefusingEngine(manager._engine)
+        future = manager.save(2, state)
+        with pytest.raises(asyncckpt.CheckpointError, match="refused for the test"):
+            future.result()
+        with pytest.raises(asyncckpt.CheckpointError, match="refused for the test"):
+            manager.save(3, state)  # raised here once, as a failed background save is
+        refusing.refuse = False
+        manager.save(2, state).result()  # step 2 was never saved: it may be saved again
+        assert manager.all_steps() == [1, 2] and manager.stats().saves_failed == 0
+
+
+def test_restored_replicas_share_one_memory_that_a_donating_step_leaves_alone(ckpt_dir):
+    mesh8 = mesh(8, (4, 2), ("data", "model"))
+    saved = np.arange(64 * 32, dtype=np.int32).reshape(64, 32)
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, {"w": put(saved, NamedSharding(mesh8, P("data", "model")))}).result()
+        # Four replicas of each column block, and eight of the whole.
+        for spec in (P(None, "model"), P()):
+            target = {"w": jax.ShapeDtypeStruct(saved.shape, saved.dtype,
+                                                sharding=NamedSharding(mesh8, spec))}
+            restored = manager.restore(target)["w"]
+            blocks = collections.defaultdict(set)
+            for shard in restored.addressable_shards:
+                blocks[repr(shard.index)].add(shard.data.unsafe_buffer_pointer())
+            assert all(len(addresses) == 1 for addresses in blocks.values())  # shared memory
+            step = jax.jit(lambda a: a * 3 + 1, donate_argnums=0)
+            stepped = jax.block_until_ready(step(restored))
+            for shard in stepped.addressable_shards:  # no replica saw another's writes
+                assert np.array_equal(np.asarray(shard.data), (saved * 3 + 1)[shard.index])
+
+
+def test_column_blocks_lie_in_memory_faulted_in_ahead_and_so_does_the_scratch(ckpt_dir,
+                                                                             monkeypatch):
+    faulted, then = [], []
+    real_fault_in = _prefault._fault_in
+    real_read = _prefault.read_into_new_memory
+
+    def fault_in(address, nbytes):
+        faulted.append((address, nbytes))
+        real_fault_in(address, nbytes)
+
+    def read_into_new_memory(reader, specs, boxes, after=()):
+        then.extend(after)
+        real_read(reader, specs, boxes, after)
+
+    monkeypatch.setattr(_prefault, "_fault_in", fault_in)
+    monkeypatch.setattr(_prefault, "read_into_new_memory", read_into_new_memory)
+    mesh8 = mesh(8, (4, 2), ("data", "model"))
+    saved = np.random.default_rng(2).standard_normal((512, 1024), dtype=np.float32)  # 2 MiB
+    sharding = NamedSharding(mesh8, P(None, "model"))  # two column blocks, four replicas each
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, {"w": put(saved, sharding)}).result()
+        target = {"w": jax.ShapeDtypeStruct(saved.shape, saved.dtype, sharding=sharding)}
+        restored = manager.restore(target)["w"]
+    assert bits(restored) == bits(saved)
+    blocks = {shard.data.unsafe_buffer_pointer() for shard in restored.addressable_shards}
+    assert len(blocks) == 2 and then  # the scratch of the rearrangement
+
+    def was_faulted(address):
+        return any(start <= address < start + nbytes for start, nbytes in faulted)
+
+    assert all(was_faulted(block) for block in blocks)
+    assert all(was_faulted(address) for address, _ in then)
+
+
+@pytest.mark.parametrize("widths", [[2, 2], [3, 1, 5], [1, 7], [6, 1], [4]])
+@pytest.mark.parametrize("height", [1, 2, 5, 17])
+def test_column_blocks_are_put_one_after_the_other_in_place(widths, height):
+    rng = np.random.default_rng(height)
+    band = rng.integers(0, 2**31, size=(height, sum(widths), 3), dtype=np.int32)
+    expected = np.split(band.copy(), np.cumsum(widths)[:-1], axis=1)
+    scratch = np.empty(band.nbytes, np.uint8)
+    blocks = _jax_restore._columns_in_turn(band, widths, scratch)
+    for block, want in zip(blocks, expected):
+        assert np.shares_memory(block, band) and block.flags.c_contiguous
+        assert np.array_equal(block, want)
+
+
+@pytest.mark.parametrize("spec", [P(None, "model"), P("data", "model"), P("model", "data"),
+                                  P(None, ("data", "model")), P("data", None, "model")])
+def test_restores_column_blocks_bit_exact_in_the_memory_that_was_read(ckpt_dir, spec):
+    mesh8 = mesh(8, (4, 2), ("data", "model"))
+    shape = (16, 32) if len(spec) == 2 else (8, 4, 6)
+    saved = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    with asyncckpt.jax.CheckpointManager(ckpt_dir) as manager:
+        manager.save(1, {"w": put(saved, NamedSharding(mesh8, P("data")))}).result()
+        target = {"w": jax.ShapeDtypeStruct(shape, saved.dtype,
+                                            sharding=NamedSharding(mesh8, spec))}
+        restored = manager.restore(target)["w"]
+    assert bits(restored) == bits(saved)
+    for shard in restored.addressable_shards:
+        assert np.array_equal(np.asarray(shard.data), saved[shard.index])
