@@ -215,7 +215,9 @@ class CheckpointReaderImpl final : public CheckpointReader {
   // Reads every box of `requests` in one streaming pass, so that their reads overlap: chunks
   // that lie inside one run of a box decode straight into its buffer; a chunk that only partly
   // belongs to a box, or to several runs, decodes into scratch and is copied piece by piece.
-  Status ReadBoxes(std::span<const BoxRequest> requests) {
+  // With `register_destinations`, the boxes that reads land in directly are registered with
+  // the file system while they run (RegisteredDestinations).
+  Status ReadBoxes(std::span<const BoxRequest> requests, bool register_destinations = false) {
     std::vector<SliceCut> cuts;
     std::vector<reader::ChunkRequest> chunks;
     std::unordered_map<uint64_t, size_t> scattered;  // (entry << 32 | chunk) -> cut
@@ -263,7 +265,12 @@ class CheckpointReaderImpl final : public CheckpointReader {
         return true;
       });
     };
-    std::vector<ChunkFailure> failures = Stream(chunks, scattered.empty() ? nullptr : &scatter);
+    std::vector<std::pair<uint8_t*, uint64_t>> regions;
+    for (const BoxRequest& r : requests) {
+      if (r.dst_bytes > 0 && register_destinations) regions.emplace_back(r.dst, r.dst_bytes);
+    }
+    std::vector<ChunkFailure> failures =
+        Stream(chunks, scattered.empty() ? nullptr : &scatter, regions);
     if (failures.empty()) return Status::OK();
     return failures.front().status;
   }
@@ -298,12 +305,7 @@ class CheckpointReaderImpl final : public CheckpointReader {
       requests.push_back({&ref.name, first, &ref.shape, static_cast<uint8_t*>(ref.data), ref.bytes,
                           !IsShard(ref)});
     }
-    std::vector<std::pair<uint8_t*, uint64_t>> regions;
-    for (const BoxRequest& r : requests) {
-      if (r.dst_bytes > 0) regions.emplace_back(r.dst, r.dst_bytes);
-    }
-    reader::RegisteredDestinations registered(owned_fs_ ? fs_ : nullptr, regions);
-    return ReadBoxes(requests);
+    return ReadBoxes(requests, /*register_destinations=*/true);
   }
 
   VerifyReport Verify() {
@@ -455,9 +457,11 @@ class CheckpointReaderImpl final : public CheckpointReader {
 
   // Reads every chunk of `requests` through the streaming plan, decoding each into its
   // destination, or into scratch and then to `scatter` (null: nowhere, for verify), as it
-  // arrives. Returns every failed chunk.
-  std::vector<ChunkFailure> Stream(std::span<const reader::ChunkRequest> requests,
-                                   const Scatter* scatter) {
+  // arrives; those of `destinations` (the caller's buffers) that reads land in directly are
+  // registered with the file system meanwhile. Returns every failed chunk.
+  std::vector<ChunkFailure> Stream(
+      std::span<const reader::ChunkRequest> requests, const Scatter* scatter,
+      std::span<const std::pair<uint8_t*, uint64_t>> destinations = {}) {
     std::vector<reader::DataFileHandles> handles;
     reader::PlanOptions plan_options;
     for (size_t i = 0; i < files_.size(); ++i) {
@@ -471,6 +475,9 @@ class CheckpointReaderImpl final : public CheckpointReader {
     for (const reader::Extent& extent : plan) planned_bytes += extent.length;
     bytes_read_.fetch_add(planned_bytes, std::memory_order_relaxed);
     chunks_read_.fetch_add(requests.size(), std::memory_order_relaxed);
+    // Pins only what a read lands in: registration faults in every page of a region.
+    reader::RegisteredDestinations registered(owned_fs_ ? fs_ : nullptr,
+                                              reader::RegionsReadInPlace(destinations, plan));
 
     std::mutex failures_mu;
     std::vector<ChunkFailure> failures;

@@ -257,6 +257,24 @@ void RunReadPlan(io::FileSystem& fs, std::span<const DataFileHandles> files,
   runner.Run(fs);
 }
 
+std::vector<std::pair<uint8_t*, uint64_t>> RegionsReadInPlace(
+    std::span<const std::pair<uint8_t*, uint64_t>> regions, std::span<const Extent> plan) {
+  // Addresses as integers: pointers into different objects do not compare with <.
+  std::vector<uintptr_t> targets;
+  for (const Extent& extent : plan) {
+    if (extent.target != nullptr) targets.push_back(reinterpret_cast<uintptr_t>(extent.target));
+  }
+  std::sort(targets.begin(), targets.end());
+  std::vector<std::pair<uint8_t*, uint64_t>> used;
+  for (const auto& [data, bytes] : regions) {
+    // The first in-place target at or after the region's start: inside it, or none is.
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+    auto first = std::lower_bound(targets.begin(), targets.end(), begin);
+    if (first != targets.end() && *first - begin < bytes) used.emplace_back(data, bytes);
+  }
+  return used;
+}
+
 RegisteredDestinations::RegisteredDestinations(
     io::FileSystem* fs, std::span<const std::pair<uint8_t*, uint64_t>> regions) {
   if (fs == nullptr || regions.empty() || regions.size() > kMaxRegions) return;

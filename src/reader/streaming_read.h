@@ -58,6 +58,13 @@ void RunReadPlan(io::FileSystem& fs, std::span<const DataFileHandles> files,
                  const std::function<uint64_t(const PlannedChunk&)>& chunk_bytes,
                  const StreamOptions& options, const ChunkSink& sink, const ChunkFailed& failed);
 
+/// The regions of `regions` (first byte, bytes) that some extent of `plan` reads into in place.
+/// Only those are worth registering: a destination whose reads all go through bounce buffers
+/// (O_DIRECT cannot reach memory that is not 4 KiB aligned, e.g. torch's 64-byte aligned
+/// tensors) would have its every page faulted in and pinned before the first read, for nothing.
+std::vector<std::pair<uint8_t*, uint64_t>> RegionsReadInPlace(
+    std::span<const std::pair<uint8_t*, uint64_t>> regions, std::span<const Extent> plan);
+
 /// Host memory a restore reads into, registered with the file system for its lifetime (io_uring
 /// fixed buffers): the pages are faulted in and pinned once, up front, rather than pinned again
 /// by every O_DIRECT read (issue 17's restore profile). Only for a file system the reader owns:

@@ -185,5 +185,29 @@ TEST(RegisteredDestinationsTest, LeavesABorrowedOrCrowdedFileSystemAlone) {
   EXPECT_EQ(fs.unregistrations, 0);
 }
 
+TEST(RegionsReadInPlaceTest, KeepsOnlyRegionsThatAnInPlaceExtentLandsIn) {
+  std::vector<uint8_t> memory(3 * 4096);
+  uint8_t* a = memory.data();
+  uint8_t* b = a + 4096;
+  uint8_t* c = a + 2 * 4096;
+  const std::vector<std::pair<uint8_t*, uint64_t>> regions = {{a, 4096}, {b, 4096}, {c, 4096}};
+  std::vector<Extent> plan(3);
+  plan[0].target = b + 100;   // in place, inside b
+  plan[1].target = nullptr;   // through a bounce buffer: lands in no region directly
+  plan[2].target = c + 4096;  // just past c: in none of them
+  const auto used = RegionsReadInPlace(regions, plan);
+  ASSERT_EQ(used.size(), 1u);
+  EXPECT_EQ(used[0].first, b);
+  EXPECT_EQ(used[0].second, 4096u);
+}
+
+TEST(RegionsReadInPlaceTest, APlanThatBouncesEverythingRegistersNothing) {
+  std::vector<uint8_t> memory(64);
+  const std::vector<std::pair<uint8_t*, uint64_t>> regions = {{memory.data(), memory.size()}};
+  std::vector<Extent> plan(4);  // no targets: every read goes through bounce buffers
+  EXPECT_TRUE(RegionsReadInPlace(regions, plan).empty());
+  EXPECT_TRUE(RegionsReadInPlace({}, plan).empty());
+}
+
 }  // namespace
 }  // namespace asyncckpt::reader
