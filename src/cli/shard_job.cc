@@ -18,6 +18,7 @@
 #include "asyncckpt/state.h"
 #include "src/cli/shard_resume.h"
 #include "src/format/format.h"
+#include "src/saver/coordination.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
 
@@ -285,32 +286,16 @@ Result<double> RankZeroValue(Coordinator& coordinator, double value) {
   return agreed;
 }
 
-// A clock reads a positive time; rank 0's end travels in the same broadcast as -(step + 1).
+// Rank 0's end (AgreeOnEnd) may come in place of its time: the broadcast is checked for it.
 Result<double> StepClock(Coordinator& coordinator, double now, int64_t step) {
-  ASSIGN_OR_RETURN(const double agreed, RankZeroValue(coordinator, now));
-  if (agreed >= 0) return agreed;
-  return Status::FailedPrecondition(
-      "rank 0 ended its training at step " + std::to_string(static_cast<int64_t>(-agreed) - 1) +
-      ", while rank " + std::to_string(coordinator.rank()) + " is at step " + std::to_string(step) +
-      ": the ranks ran different numbers of steps");
-}
-
-Status AgreeOnLoopEnd(Coordinator& coordinator, int64_t step) {
-  const double mine = coordinator.rank() == 0 ? -static_cast<double>(step + 1) : 0;
-  ASSIGN_OR_RETURN(const double agreed, RankZeroValue(coordinator, mine));
-  const std::string rank = "rank " + std::to_string(coordinator.rank());
-  if (agreed >= 0) {
-    return Status::FailedPrecondition(rank + " ended its training at step " + std::to_string(step) +
-                                      ", but rank 0 still trains: the ranks ran different numbers "
-                                      "of steps");
-  }
-  const auto lead_end = static_cast<int64_t>(-agreed) - 1;
-  if (lead_end != step) {
-    return Status::FailedPrecondition(
-        "rank 0 ended its training at step " + std::to_string(lead_end) + ", " + rank +
-        " at step " + std::to_string(step) + ": the ranks ran different numbers of steps");
-  }
-  return Status::OK();
+  std::vector<uint8_t> bytes;
+  Append(bytes, now);
+  RETURN_IF_ERROR(coordinator.broadcast(bytes, 0));
+  RETURN_IF_ERROR(CheckNotRankZerosEnd(coordinator, bytes, step));
+  double agreed = 0;
+  size_t at = 0;
+  if (!Take(bytes, &at, &agreed)) return Status::Corruption("rank 0 broadcast a short value");
+  return agreed;
 }
 
 Result<std::vector<uint64_t>> GatherValues(Coordinator& coordinator, uint64_t value) {

@@ -63,13 +63,9 @@ Result<double> RankZeroValue(Coordinator& coordinator, double value);
 
 /// Collective, every step under save_secs: the step's end on rank 0's clock (RankZeroValue), so
 /// that every rank's timers fire at the same step. FailedPrecondition naming both steps when
-/// what comes is rank 0's AgreeOnLoopEnd: rank 0's training ended before this rank's `step`.
+/// what comes is rank 0's AgreeOnEnd (src/saver/coordination.h), which train-sim calls after
+/// its loop: rank 0's training ended before this rank's `step`.
 Result<double> StepClock(Coordinator& coordinator, double now, int64_t step);
-
-/// Collective, once after the training loop where StepClock is used, matched with the others'
-/// StepClock or AgreeOnLoopEnd: OK when every rank ended at `step`; FailedPrecondition on a rank
-/// that ended at another step than rank 0, or while rank 0 still trains, naming both.
-Status AgreeOnLoopEnd(Coordinator& coordinator, int64_t step);
 
 /// Every rank's `value`, in rank order (all_gather). Collective.
 Result<std::vector<uint64_t>> GatherValues(Coordinator& coordinator, uint64_t value);

@@ -41,6 +41,7 @@
 #include "src/cli/train_sim_memory.h"
 #include "src/cli/train_sim_report.h"
 #include "src/cli/train_sim_session.h"
+#include "src/saver/coordination.h"
 #include "src/util/log.h"
 #include "src/util/status_macros.h"
 
@@ -388,7 +389,7 @@ Status TrainLoop(const TrainSimConfig& config, Coordinator* coordinator, bool le
   }
   if (status.ok() && coordinator != nullptr && coordinator->size() > 1 && config.saver.save_secs) {
     // Matched with a rank still training's StepClock, which then fails at once naming this end.
-    status = AgreeOnLoopEnd(*coordinator, session.global_step());
+    status = AgreeOnEnd(*coordinator, session.global_step());
   }
   Status closed = session.close();
   if (!config.quiet && lead) std::fprintf(stderr, "\n");

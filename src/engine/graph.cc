@@ -539,8 +539,6 @@ bool SaveGraph::Impl::CommitShardFiles(SaveJob& save) {
   ShardCommitRequest request{.checkpoint_dir = options_.saver.checkpoint_dir,
                              .tmp_name = save.tmp_name,
                              .final_name = save.final_name,
-                             .basename = options_.saver.basename,
-                             .step = save.metadata.step,
                              .rank = options_.sharding.rank,
                              .world_size = options_.sharding.world_size,
                              .timeout_seconds = options_.saver.coordination_timeout_secs,

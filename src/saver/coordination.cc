@@ -349,9 +349,7 @@ Status EndedAtAnotherStep(const Coordinator& coordinator, int64_t lead_end, int6
 Result<bool> AgreeOnSaveDue(Coordinator& coordinator, bool due, int64_t step) {
   std::vector<uint8_t> decision{static_cast<uint8_t>(due ? 1 : 0)};
   RETURN_IF_ERROR(coordinator.broadcast(decision, 0).WithContext("agreeing on a save_secs save"));
-  if (const std::optional<int64_t> lead_end = EndStepOf(decision)) {
-    return EndedAtAnotherStep(coordinator, *lead_end, step, /*this_rank_ended=*/false);
-  }
+  RETURN_IF_ERROR(CheckNotRankZerosEnd(coordinator, decision, step));
   if (decision.size() != 1) return Status::Corruption("rank 0's save decision does not parse");
   return decision[0] != 0;
 }
@@ -365,13 +363,20 @@ Status AgreeOnEnd(Coordinator& coordinator, int64_t step) {
     return Status::FailedPrecondition(
         "rank " + std::to_string(coordinator.rank()) + " ended its training at step " +
         std::to_string(step) +
-        ", but rank 0 still trains (it sent a save decision): the ranks ran "
+        ", but rank 0 still trains (what it sent was not its end): the ranks ran "
         "different numbers of steps");
   }
   if (*lead_end != step) {
     return EndedAtAnotherStep(coordinator, *lead_end, step, /*this_rank_ended=*/true);
   }
   return Status::OK();
+}
+
+Status CheckNotRankZerosEnd(const Coordinator& coordinator, const std::vector<uint8_t>& message,
+                            int64_t step) {
+  const std::optional<int64_t> lead_end = EndStepOf(message);
+  if (!lead_end) return Status::OK();
+  return EndedAtAnotherStep(coordinator, *lead_end, step, /*this_rank_ended=*/false);
 }
 
 }  // namespace asyncckpt

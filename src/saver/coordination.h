@@ -76,4 +76,10 @@ Result<bool> AgreeOnSaveDue(Coordinator& coordinator, bool due, int64_t step);
 /// trains (what came was a save decision), naming both.
 Status AgreeOnEnd(Coordinator& coordinator, int64_t step);
 
+/// For an application's own per-step broadcast from rank 0, matched like AgreeOnSaveDue: OK
+/// when `message` (what the broadcast brought) is not rank 0's AgreeOnEnd, else the same
+/// FailedPrecondition as AgreeOnSaveDue's, naming rank 0's end and this rank's `step`.
+Status CheckNotRankZerosEnd(const Coordinator& coordinator, const std::vector<uint8_t>& message,
+                            int64_t step);
+
 }  // namespace asyncckpt

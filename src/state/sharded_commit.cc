@@ -84,11 +84,23 @@ Status KnownDead(const std::pair<int, std::string>& dead) {
                          dead.second + "): no save of this job can commit without it");
 }
 
+// The step in "<basename>-<step>"; -1 when the name has none.
+int64_t StepOf(const ShardCommitRequest& request) {
+  const std::string& name = request.final_name;
+  const size_t dash = name.rfind('-');
+  int64_t step = -1;
+  if (dash == std::string::npos ||
+      std::from_chars(name.data() + dash + 1, name.data() + name.size(), step).ec != std::errc()) {
+    return -1;
+  }
+  return step;
+}
+
 // The failure of a save that waited for a rank which ended its training before the save's step.
 Status EndedEarly(const ShardCommitRequest& request, uint32_t rank, int64_t ended_at) {
   return Status::Aborted("rank " + std::to_string(rank) + " ended its training at step " +
                          std::to_string(ended_at) + ", before step " +
-                         std::to_string(request.step) + ", and will send no part of " +
+                         std::to_string(StepOf(request)) + ", and will send no part of " +
                          request.final_name + " (the ranks ran different numbers of steps)");
 }
 
@@ -238,21 +250,21 @@ class Share {
 // The step `rank` ended its training at, when that is before this save's step: it will never
 // send a part. One small file read per call, made only for a rank being waited for.
 std::optional<int64_t> Share::EndedBefore(uint32_t rank) const {
-  if (request_.basename.empty()) return std::nullopt;
+  const size_t dash = request_.final_name.rfind('-');
   const size_t tmp = request_.tmp_name.rfind(".tmp-");
-  if (tmp == std::string::npos) return std::nullopt;
+  if (dash == std::string::npos || tmp == std::string::npos) return std::nullopt;
   const std::string marker = JoinCheckpointPath(
-      request_.checkpoint_dir,
-      ShardEndedFileName(request_.basename, rank, request_.tmp_name.substr(tmp + 5)));
+      request_.checkpoint_dir, ShardEndedFileName(request_.final_name.substr(0, dash), rank,
+                                                  request_.tmp_name.substr(tmp + 5)));
   Result<bool> there = Exists(fs_, marker);
   if (!there.ok() || !*there) return std::nullopt;
   Result<std::vector<uint8_t>> text = ReadWhole(fs_, marker, 32, true);
-  int64_t step = 0;
+  int64_t ended = 0;
   if (!text.ok() || text->empty()) return std::nullopt;
   const char* begin = reinterpret_cast<const char*>(text->data());
-  if (std::from_chars(begin, begin + text->size(), step).ec != std::errc()) return std::nullopt;
-  if (step >= request_.step) return std::nullopt;
-  return step;
+  if (std::from_chars(begin, begin + text->size(), ended).ec != std::errc()) return std::nullopt;
+  if (ended >= StepOf(request_)) return std::nullopt;
+  return ended;
 }
 
 ShardCommitResult Share::Lead(CheckpointManager& manager, const MergeShardPartsFn& merge) {

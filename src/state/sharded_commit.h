@@ -93,14 +93,9 @@ struct ShardCommitRequest {
   std::string checkpoint_dir;
   /// ShardedTempDirName(final_name, job_token).
   std::string tmp_name;
-  /// "<basename>-<step>".
+  /// "<basename>-<step>": with the job token of tmp_name, also where to look for a rank that
+  /// ended its training before this step (ShardEndedFileName).
   std::string final_name;
-  /// The checkpoints' basename and this save's step: with them the wait for a rank stops at once
-  /// when that rank ended its training before this step (ShardEndedFileName). Empty basename:
-  /// no such check.
-  std::string basename;
-  /// This save's step.
-  int64_t step = 0;
   /// This rank; rank 0 commits.
   uint32_t rank = 0;
   /// Ranks writing the checkpoint (>= 1).

@@ -104,16 +104,6 @@ class ShardedCommitTest : public ::testing::Test {
     };
   }
 
-  // Rank `rank` of 3 saving step 7, stopping its wait for a rank that ended before it.
-  std::function<ShardCommitResult()> EndAware(uint32_t rank) {
-    return [this, rank] {
-      ShardCommitRequest request = Prepare(*posix_, rank, 3, 30);
-      request.basename = "model.ckpt";
-      request.step = 7;
-      return CommitShard(*posix_, *manager_, std::move(request), Concatenate);
-    };
-  }
-
   std::string dir_;
   std::unique_ptr<io::FileSystem> posix_;
   std::unique_ptr<CheckpointManager> manager_;
@@ -474,7 +464,7 @@ TEST_F(ShardedCommitTest, TheNextStartRemovesAFailedSavesTemporaryDirectory) {
 TEST_F(ShardedCommitTest, ARankThatEndedBeforeTheStepFailsTheSaveAtOnceNamingIt) {
   ASSERT_TRUE(PublishShardEnded(*posix_, dir_, "model.ckpt", kToken, 2, 5).ok());
   const auto start = SteadyClock::now();
-  auto results = RunRanks({EndAware(0), EndAware(1)});
+  auto results = RunRanks({Committer(0, 3, 30), Committer(1, 3, 30)});
   EXPECT_LT(SecondsSince(start), 5) << "an ended rank must not cost the 30 s timeout";
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_FALSE(results[r].committed) << r;
@@ -490,7 +480,7 @@ TEST_F(ShardedCommitTest, ARankThatEndedBeforeTheStepFailsTheSaveAtOnceNamingIt)
 TEST_F(ShardedCommitTest, ARankZeroThatEndedBeforeTheStepFailsTheOthersAtOnce) {
   ASSERT_TRUE(PublishShardEnded(*posix_, dir_, "model.ckpt", kToken, 0, 6).ok());
   const auto start = SteadyClock::now();
-  auto results = RunRanks({EndAware(1), EndAware(2)});
+  auto results = RunRanks({Committer(1, 3, 30), Committer(2, 3, 30)});
   EXPECT_LT(SecondsSince(start), 5) << "an ended rank 0 must not cost twice the 30 s timeout";
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_FALSE(results[r].committed) << r;
@@ -508,7 +498,7 @@ TEST_F(ShardedCommitTest, AnEndAtOrAfterTheStepIsNoReasonToStopWaiting) {
   // save may still be on its way: only an end before the step fails it.
   ASSERT_TRUE(PublishShardEnded(*posix_, dir_, "model.ckpt", kToken, 1, 7).ok());
   ASSERT_TRUE(PublishShardEnded(*posix_, dir_, "model.ckpt", kToken, 2, 9).ok());
-  auto results = RunRanks({EndAware(0), EndAware(1), EndAware(2)});
+  auto results = RunRanks({Committer(0, 3, 30), Committer(1, 3, 30), Committer(2, 3, 30)});
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_TRUE(results[r].committed) << r << ": " << results[r].status.ToString();
   }
