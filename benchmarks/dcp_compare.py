@@ -6,8 +6,9 @@ side in one run, on the same FSDP2 state (issue 27).
         --ranks 2 4 --gib 1
 
 For each number of ranks it starts one torchrun job (gloo, CPU) whose ranks build the same
-FSDP2 model (fully_shard on a CPU mesh; Linear layers, AdamW moments from one step: --gib in
-all, a third parameters, two thirds moments) and take, in turn and --repeats times over:
+FSDP2 model (fully_shard on a CPU mesh; Linear layers, AdamW moments from one step on seeded
+random gradients: --gib in all, a third parameters, two thirds moments, all random float32 that
+compresses as little as a real run's) and take, in turn and --repeats times over:
 
   fs            dcp.save with FileSystemWriter (its defaults: one thread per rank)
   fs_threads4   dcp.save with FileSystemWriter(thread_count=4)
@@ -83,7 +84,12 @@ def build_state(gib: float) -> tuple[Any, Any]:
         for parameter in model.parameters():
             local = parameter.to_local()
             local.copy_(torch.randn(local.shape, generator=generator))
-            parameter.grad = torch.zeros_like(parameter)
+            # A seeded random gradient per shard, so that the step leaves AdamW's moments random
+            # float32 (exp_avg = 0.1 g, exp_avg_sq = 0.001 g^2), as incompressible as a real
+            # run's; zero gradients would leave two thirds of the state zeros.
+            grad = torch.zeros_like(parameter)
+            grad.to_local().copy_(torch.randn(local.shape, generator=generator) * 1e-3)
+            parameter.grad = grad
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     optimizer.step()  # the moments exist from here
     return model, optimizer

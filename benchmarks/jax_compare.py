@@ -1,9 +1,16 @@
 #!/usr/bin/env python3
 """Orbax's StandardCheckpointer against asyncckpt's JAX manager and asyncckpt through the Orbax
 handler, side by side in one run, on the same sharded pytree (1 GiB of float32 by default, on a
-Mesh of 8 CPU devices).
+Mesh of 8 CPU devices, or of the GPUs with --platform gpu).
 
     PYTHONPATH=build/python .venv/bin/python benchmarks/jax_compare.py
+    PYTHONPATH=build/python python3 benchmarks/jax_compare.py --platform gpu --gib 2
+
+--platform cpu (the default) forces 8 host devices through XLA_FLAGS and shards over a (4, 2)
+mesh of them. --platform gpu leaves XLA_FLAGS alone and takes jax.devices("gpu"), up to 8: a
+(n // 2, 2) mesh of n devices when n is even, else (n, 1). A probe child first names the
+platform's devices (the parent never starts a JAX backend, so no GPU memory is held while the
+variants run), and the run stops there, with a message naming the platform, when JAX has none.
 
 Each variant runs in a child process of its own (so its peak RSS is its own), which makes the
 same seeded pytree, then saves it --repeats times with one checkpointer (the first save pays
@@ -13,11 +20,15 @@ call until the variant says the checkpoint is complete: Orbax's wait_until_finis
 future's result, the handler's commit), restore seconds (until every array is ready), bytes on
 disk, and the child's peak RSS beside its RSS with the pytree alone. Restores read what the
 save just wrote: Orbax's files may still sit in the page cache, asyncckpt's O_DIRECT writes do
-not. Writes benchmarks/results/jax/jax_compare-<time>.{json,md}.
+not. A child that exits with an error or runs past --timeout seconds is a row with its error;
+the run goes on with the next variant, and exits 1 after writing the results. Writes
+benchmarks/results/jax/jax_compare-<time>.{json,md}, the platform, the device kind and the mesh
+in both.
 """
 
 import argparse
 import json
+import math
 import os
 import resource
 import shutil
@@ -27,6 +38,8 @@ import sys
 import time
 
 VARIANTS = ("orbax-standard", "asyncckpt-jax", "asyncckpt-orbax-handler")
+PLATFORMS = ("cpu", "gpu")
+MAX_DEVICES = 8
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "jax")
 
 
@@ -39,7 +52,12 @@ def parse_args(argv):
     parser.add_argument("--dir", default="/var/tmp/asyncckpt-jax-compare",
                         help="scratch directory for the checkpoints (emptied)")
     parser.add_argument("--out", default=RESULTS_DIR, help="where the JSON and markdown go")
+    parser.add_argument("--platform", choices=PLATFORMS, default="cpu",
+                        help="cpu: 8 forced host devices; gpu: the GPUs JAX sees, up to 8")
+    parser.add_argument("--timeout", type=float, default=300,
+                        help="seconds each child (the probe, each variant) may run")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -56,15 +74,46 @@ def du(path):
     return total
 
 
+def mesh_shape(count):
+    """(data, model) extents for `count` devices: (count // 2, 2) when even, else (count, 1)."""
+    return (count // 2, 2) if count >= 2 and count % 2 == 0 else (count, 1)
+
+
+def make_mesh(platform):
+    """The Mesh of --platform's devices, or an exit naming the platform when JAX has none."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    try:
+        devices = jax.devices(platform)[:MAX_DEVICES]
+    except RuntimeError as error:  # the backend is unknown or failed to start
+        sys.exit(f"jax_compare: JAX has no {platform} devices here ({error})")
+    if not devices:
+        sys.exit(f"jax_compare: JAX has no {platform} devices here")
+    shape = mesh_shape(len(devices))
+    return Mesh(np.array(devices).reshape(shape), ("data", "model"))
+
+
+def probe(args):
+    """The platform's devices and mesh, as one JSON line."""
+    mesh = make_mesh(args.platform)
+    devices = mesh.devices.flatten()
+    print(json.dumps({"platform": args.platform, "device_kind": devices[0].device_kind,
+                      "devices": len(devices), "mesh": list(mesh.devices.shape)}))
+
+
 def make_state(args):
     import jax
     import numpy as np
-    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
+    mesh = make_mesh(args.platform)
     columns = 4096
-    rows = max(8, int(args.gib * 2**30 / 4 / args.arrays / columns) // 8 * 8)
+    # Rows divide by 8 and by the "data" extent (3, 5 or 7 on an odd number of GPUs).
+    multiple = math.lcm(8, mesh.devices.shape[0])
+    rows = max(multiple, int(args.gib * 2**30 / 4 / args.arrays / columns) // multiple * multiple)
     rng = np.random.default_rng(0)
     state = {}
     for i in range(args.arrays):
@@ -187,7 +236,7 @@ def child(args):
 
 
 def table(rows):
-    orbax = next((r for r in rows if r["variant"] == "orbax-standard"), None)
+    orbax = next((r for r in rows if r["variant"] == "orbax-standard" and "error" not in r), None)
 
     def ratio(row, key):
         if orbax is None or row is orbax:
@@ -198,6 +247,9 @@ def table(rows):
               "bytes on disk | peak RSS GiB (pytree alone) | bit-exact |"),
              "|---|---|---|---|---|---|---|"]
     for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['variant']} | failed: {r['error'].replace('|', '/')} | | | | | |")
+            continue
         lines.append(
             f"| {r['variant']} | {statistics.median(r['blocked']):.3f}{ratio(r, 'blocked')} | "
             f"{statistics.median(r['durable']):.3f}{ratio(r, 'durable')} | "
@@ -207,11 +259,30 @@ def table(rows):
     return "\n".join(lines)
 
 
+def run_child(argv, args, flag):
+    """Runs this script with `flag` added; its last stdout line as JSON, or {"error": why}."""
+    command = [sys.executable, os.path.abspath(__file__), *argv, *flag]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout,
+                              check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"ran past the {args.timeout:.0f} s limit (--timeout)"}
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        why = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit {done.returncode}: {why[-300:]}"}
+    return json.loads(lines[-1])
+
+
 def main(argv):
     args = parse_args(argv)
-    if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    if args.platform == "cpu" and "xla_force_host_platform_device_count" not in os.environ.get(
+            "XLA_FLAGS", ""):
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                                   + " --xla_force_host_platform_device_count=8")
+                                   + f" --xla_force_host_platform_device_count={MAX_DEVICES}")
+    if args.probe:
+        probe(args)
+        return
     if args.child:
         child(args)
         return
@@ -220,23 +291,33 @@ def main(argv):
     if unknown:
         sys.exit(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     load = os.getloadavg()[0]
+    devices = run_child(argv, args, ["--probe"])
+    if "error" in devices:
+        sys.exit(f"jax_compare: --platform {args.platform}: {devices['error']}")
     rows = []
     for variant in variants:
-        command = [sys.executable, os.path.abspath(__file__), *argv, "--child", variant]
-        done = subprocess.run(command, check=True, capture_output=True, text=True)
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-        print(f"{variant}: done", flush=True)
+        row = run_child(argv, args, ["--child", variant])
+        if "error" in row:
+            row = {"variant": variant, **row}
+            shutil.rmtree(os.path.join(args.dir, variant), ignore_errors=True)
+        rows.append(row)
+        print(f"{variant}: {'failed: ' + row['error'] if 'error' in row else 'done'}", flush=True)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, f"jax_compare-{stamp}")
     markdown = table(rows)
-    header = (f"`benchmarks/jax_compare.py {' '.join(argv)}` at {stamp} UTC; "
+    mesh = "x".join(str(extent) for extent in devices["mesh"])
+    header = (f"`benchmarks/jax_compare.py {' '.join(argv)}` at {stamp} UTC; platform "
+              f"{args.platform}, {devices['devices']} x {devices['device_kind']} (mesh {mesh}); "
               f"1-minute load {load:.2f} at the start; ratios against orbax-standard")
     with open(base + ".json", "w") as out:
-        json.dump({"command": argv, "load": load, "rows": rows}, out, indent=1)
+        json.dump({"command": argv, "load": load, **devices, "rows": rows}, out, indent=1)
     with open(base + ".md", "w") as out:
         out.write(header + "\n\n" + markdown + "\n")
     print(header + "\n\n" + markdown)
+    failed = [row["variant"] for row in rows if "error" in row]
+    if failed:
+        sys.exit(f"jax_compare: {', '.join(failed)} failed (the table says why)")
 
 
 if __name__ == "__main__":

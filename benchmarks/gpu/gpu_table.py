@@ -2,7 +2,11 @@
 targets marked met or MISSED.
 
     python3 benchmarks/gpu/gpu_table.py --bench gpu_bench.json --frameworks frameworks.json \
-        --tests tests.json --disk disk.json --machine "..." --out PREFIX   (writes PREFIX.json/.md)
+        --tests tests.json --disk disk.json [--jax jax.json] --machine "..." --out PREFIX
+        (writes PREFIX.json/.md)
+
+--jax is benchmarks/jax_compare.py's JSON (its table is the .md beside it) or {"skipped": why}
+or {"error": why}.
 """
 
 import argparse
@@ -71,8 +75,8 @@ def targets(bench, frameworks, disk_read):
 
 def main():
     parser = argparse.ArgumentParser()
-    for flag in ("--bench", "--frameworks", "--tests", "--train_sim", "--disk", "--machine",
-                 "--out"):
+    for flag in ("--bench", "--frameworks", "--tests", "--train_sim", "--disk", "--jax",
+                 "--machine", "--out"):
         parser.add_argument(flag)
     args = parser.parse_args()
     bench, frameworks = load(args.bench), load(args.frameworks)
@@ -108,11 +112,21 @@ def main():
                        f"{so['loop_lost_per_save_over_d2h']:.3f}"))
     md += [f"| {name} | {'met' if ok else 'MISSED'} | {value} |" for name, ok, value in checks]
     md += ["", "CUDA tests: " + ", ".join(f"{k} {v}" for k, v in tests.items())]
+    jax = load(args.jax)
+    if jax:
+        md += ["", ("JAX, Orbax's StandardCheckpointer against asyncckpt on the GPUs "
+                    "(benchmarks/jax_compare.py --platform gpu):"), ""]
+        if "rows" in jax:
+            with open(os.path.splitext(args.jax)[0] + ".md") as f:
+                md += f.read().rstrip("\n").splitlines()
+        else:
+            md.append(f"{'skipped' if 'skipped' in jax else 'failed'}: "
+                      f"{jax.get('skipped') or jax.get('error')}")
     with open(args.out + ".md", "w") as f:
         f.write("\n".join(md) + "\n")
     with open(args.out + ".json", "w") as f:
         json.dump({"machine": args.machine, "gpu_bench": bench, "frameworks": frameworks,
-                   "tests": tests, "disk": disk, "train_sim": train_sim,
+                   "tests": tests, "disk": disk, "train_sim": train_sim, "jax_compare": jax,
                    "targets": [{"target": n, "met": ok, "measured": v} for n, ok, v in checks]},
                   f, indent=1)
     print("\n".join(md))
