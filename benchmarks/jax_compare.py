@@ -18,9 +18,11 @@ for its set-up, the median does not) and restores each save onto a target of Sha
 over the repeats): seconds blocked in save (the call's return), seconds to durable (from the
 call until the variant says the checkpoint is complete: Orbax's wait_until_finished, the save
 future's result, the handler's commit), restore seconds (until every array is ready), bytes on
-disk, and the child's peak RSS beside its RSS with the pytree alone. Restores read what the
-save just wrote: Orbax's files may still sit in the page cache, asyncckpt's O_DIRECT writes do
-not. A child that exits with an error or runs past --timeout seconds is a row with its error;
+disk, and the child's peak RSS beside its RSS with the pytree alone. Restores are cold by
+default (--restore cold): each checkpoint's files are fsynced and dropped from the page cache
+first, outside the timings. Without it Orbax's restore read its files from the page cache, where
+its buffered writes had left them, while asyncckpt's O_DIRECT writes leave nothing there, so the
+two restores did not read the same medium (--restore warm keeps that). A child that exits with an error or runs past --timeout seconds is a row with its error;
 the run goes on with the next variant, and exits 1 after writing the results. Writes
 benchmarks/results/jax/jax_compare-<time>.{json,md}, the platform, the device kind and the mesh
 in both.
@@ -56,6 +58,10 @@ def parse_args(argv):
                         help="cpu: 8 forced host devices; gpu: the GPUs JAX sees, up to 8")
     parser.add_argument("--timeout", type=float, default=300,
                         help="seconds each child (the probe, each variant) may run")
+    parser.add_argument("--restore", choices=("cold", "warm"), default="cold",
+                        help="cold (the default): every file of the checkpoint is fsynced and "
+                             "dropped from the page cache before the restore, so every variant "
+                             "reads the disk; warm: restore whatever the save left cached")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -201,6 +207,19 @@ RUNNERS = {"orbax-standard": OrbaxStandard, "asyncckpt-jax": AsyncckptJax,
            "asyncckpt-orbax-handler": AsyncckptOrbaxHandler}
 
 
+def drop_page_cache(path):
+    """fsync, then POSIX_FADV_DONTNEED, every file under `path`: a restore then reads the disk,
+    whether the save wrote through the page cache (Orbax) or around it (O_DIRECT)."""
+    for root, _, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
 def child(args):
     """One variant: prints its figures as one JSON line."""
     import jax
@@ -219,6 +238,8 @@ def child(args):
         figures["blocked"].append(blocked)
         figures["durable"].append(durable)
         figures["bytes"].append(du(path))
+        if args.restore == "cold":
+            drop_page_cache(path)
         start = time.perf_counter()
         restored = jax.block_until_ready(runner.restore(path, abstract(state)))
         figures["restore"].append(time.perf_counter() - start)
@@ -309,9 +330,11 @@ def main(argv):
     mesh = "x".join(str(extent) for extent in devices["mesh"])
     header = (f"`benchmarks/jax_compare.py {' '.join(argv)}` at {stamp} UTC; platform "
               f"{args.platform}, {devices['devices']} x {devices['device_kind']} (mesh {mesh}); "
-              f"1-minute load {load:.2f} at the start; ratios against orbax-standard")
+              f"{args.restore} restores; 1-minute load {load:.2f} at the start; ratios against "
+              f"orbax-standard")
     with open(base + ".json", "w") as out:
-        json.dump({"command": argv, "load": load, **devices, "rows": rows}, out, indent=1)
+        json.dump({"command": argv, "load": load, "restore": args.restore, **devices,
+                   "rows": rows}, out, indent=1)
     with open(base + ".md", "w") as out:
         out.write(header + "\n\n" + markdown + "\n")
     print(header + "\n\n" + markdown)
