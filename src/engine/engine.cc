@@ -84,8 +84,9 @@ class Engine::Impl {
   Status Start(CheckpointManager* manager, DoneFn on_done, unsigned threads) {
     RETURN_IF_ERROR(pool_.Prepare());
     RegisterStaging();
-    ASSIGN_OR_RETURN(
-        graph_, SaveGraph::Create(options_, threads, &pool_, fs_, manager, std::move(on_done)));
+    if (!sharded()) spares_ = std::make_unique<SpareFiles>(fs_, options_.saver.checkpoint_dir);
+    ASSIGN_OR_RETURN(graph_, SaveGraph::Create(options_, threads, &pool_, fs_, manager,
+                                               spares_.get(), std::move(on_done)));
     return Status::OK();
   }
 
@@ -101,6 +102,7 @@ class Engine::Impl {
   SavePtr NewSave(const CheckpointMetadata& metadata, SnapshotPlan plan);
   Status OpenFiles(SaveJob& save);
   Status Preallocate(SaveJob& save, uint64_t alignment);
+  static Status NoteSpareSizes(SaveJob& save);
   bool Busy(const SaveJob& save) const;
   void CopyWave(SaveJob& save, std::vector<ChunkPtr>& wave);
   std::vector<ChunkMsg*> EnqueueDeviceCopies(SaveJob& save, std::vector<ChunkPtr>& wave);
@@ -118,7 +120,8 @@ class Engine::Impl {
   CopyCrew copy_crew_;
   StagingPool pool_;
   bool registered_ = false;
-  std::unique_ptr<SaveGraph> graph_;  // last: destroyed (and waited for) first
+  std::unique_ptr<SpareFiles> spares_;  // single-process saves only; outlives the graph
+  std::unique_ptr<SaveGraph> graph_;    // last: destroyed (and waited for) first
   uint64_t next_save_id_ = 0;
   uint64_t next_chunk_seq_ = 0;
   // Sharded saves: how many saves of each step were submitted, so that a second save of a step
@@ -189,15 +192,19 @@ Status Engine::Impl::OpenFiles(SaveJob& save) {
   const uint32_t first = options_.sharding.rank * count;
   const uint32_t total = options_.sharding.world_size * count;
   bool direct = false;
+  // Spare files are written over, not truncated: their pages are what makes them worth having.
+  const bool spare = spares_ && spares_->TakeInto(save.tmp_path, count);
   for (uint32_t i = 0; i < count; ++i) {
     io::OpenOptions open_options{
-        .write = true, .create = true, .truncate = true, .direct = options_.saver.use_o_direct};
+        .write = true, .create = true, .truncate = !spare, .direct = options_.saver.use_o_direct};
     std::unique_ptr<io::File> file;
     RETURN_IF_ERROR(ToStatus(fs_->open(save.tmp_path + "/" + format::DataFileName(first + i, total),
                                        open_options, &file)));
     direct = direct || file->is_direct();
     save.files.push_back(std::move(file));
   }
+  // The commit trims a spare to what was written (SaveJob::FileBytes).
+  if (spare) RETURN_IF_ERROR(NoteSpareSizes(save));
   save.placer.emplace(count, direct ? format::kDirectAlignment : 1, options_.pack_threshold_bytes);
   save.packs.resize(count);
   for (const format::ChunkJob& job : save.jobs) {
@@ -205,6 +212,14 @@ Status Engine::Impl::OpenFiles(SaveJob& save) {
   }
   save.pack_charges.assign(count, 0);
   return direct ? Preallocate(save, format::kDirectAlignment) : Status::OK();
+}
+
+Status Engine::Impl::NoteSpareSizes(SaveJob& save) {
+  save.allocated.assign(save.files.size(), 0);
+  for (size_t i = 0; i < save.files.size(); ++i) {
+    RETURN_IF_ERROR(ToStatus(save.files[i]->size(&save.allocated[i])));
+  }
+  return Status::OK();
 }
 
 // O_DIRECT writes past a file's end serialise on ext4's inode lock, and io_uring hands each of

@@ -62,12 +62,13 @@ std::optional<double> ScoreOf(const SaveJob& save) {
 class SaveGraph::Impl {
  public:
   Impl(const EngineOptions& options, unsigned threads, StagingPool* staging, io::FileSystem* fs,
-       CheckpointManager* manager, DoneFn on_done)
+       CheckpointManager* manager, SpareFiles* spares, DoneFn on_done)
       : options_(options),
         threads_(threads),
         staging_(staging),
         fs_(fs),
         manager_(manager),
+        spares_(spares),
         on_done_(std::move(on_done)),
         // One slot is the pump's: the graph always has a thread of its own, however busy the
         // training job keeps oneTBB's workers.
@@ -100,7 +101,8 @@ class SaveGraph::Impl {
     };
     RETURN_IF_ERROR(ToStatus(fs_->new_io_queue(queue_options, &queue_))
                         .WithContext("creating the engine's write queue"));
-    remover_ = std::make_unique<RetentionRemover>([this] { manager_->RemoveRenamed(); });
+    remover_ = std::make_unique<RetentionRemover>(
+        [this] { spares_ ? spares_->RemoveOrKeep(*manager_) : (void)manager_->RemoveRenamed(); });
     committer_ = std::make_unique<CommitThread>([this](const SavePtr& save) {
       Commit(save);
       commit_->gateway().release_wait();
@@ -214,6 +216,7 @@ class SaveGraph::Impl {
   StagingPool* const staging_;
   io::FileSystem* const fs_;
   CheckpointManager* const manager_;
+  SpareFiles* const spares_;  // null: sharded, or the graph of a test
   const DoneFn on_done_;
   tbb::task_arena arena_;
   BufferPool buffers_;
@@ -469,7 +472,8 @@ void SaveGraph::Impl::Commit(const SavePtr& save) {
   }
   Report(*save, committed);
   // Reported durable first: retention only renamed what it dropped (the crash-safe step).
-  if (committed && !sharded() && manager_->HasRenamed()) remover_->Ask();
+  if (committed && !sharded() && (manager_->HasRenamed() || (spares_ && spares_->Wanted())))
+    remover_->Ask();
   LeaveFlight();
 }
 
@@ -490,6 +494,11 @@ bool SaveGraph::Impl::CommitFiles(SaveJob& save) {
                         .index_bytes = index_bytes,
                         .wall_time = save.metadata.wall_time,
                         .score = ScoreOf(save)};
+  if (spares_ && !save.files.empty() && save.files[0]->in_memory()) {
+    std::vector<uint64_t> sizes;
+    for (uint32_t i = 0; i < save.files.size(); ++i) sizes.push_back(save.placer->logical_end(i));
+    spares_->NoteSave(save.final_name, std::move(sizes));
+  }
   for (uint32_t i = 0; i < save.files.size(); ++i) {
     request.data_files.push_back(
         {std::move(save.files[i]), save.placer->logical_end(i), save.FileBytes(i)});
@@ -586,8 +595,10 @@ void SaveGraph::Impl::Report(const SaveJob& save, bool committed) {
 
 Result<std::unique_ptr<SaveGraph>> SaveGraph::Create(const EngineOptions& options, unsigned threads,
                                                      StagingPool* staging, io::FileSystem* fs,
-                                                     CheckpointManager* manager, DoneFn on_done) {
-  auto impl = std::make_unique<Impl>(options, threads, staging, fs, manager, std::move(on_done));
+                                                     CheckpointManager* manager, SpareFiles* spares,
+                                                     DoneFn on_done) {
+  auto impl =
+      std::make_unique<Impl>(options, threads, staging, fs, manager, spares, std::move(on_done));
   RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<SaveGraph>(new SaveGraph(std::move(impl)));
 }

@@ -23,6 +23,7 @@
 #include "asyncckpt/status.h"
 #include "src/engine/engine_options.h"
 #include "src/engine/save_job.h"
+#include "src/engine/spare_files.h"
 #include "src/state/checkpoint_state.h"
 
 namespace asyncckpt {
@@ -37,12 +38,14 @@ class SaveGraph {
   using DoneFn = std::function<void(const SaveStats&)>;
 
   /// `options` (the engine's), `staging` (the saves' pool: packs are charged to it until
-  /// written), `fs` and `manager` are borrowed and must outlive the graph. `threads`: the
-  /// arena's workers, and the pace of the level heuristic. IOError when the write queue cannot
-  /// be created.
+  /// written), `fs`, `manager` and `spares` are borrowed and must outlive the graph. `threads`:
+  /// the arena's workers, and the pace of the level heuristic. `spares` (null: none) learns each
+  /// committed in-memory save's data files and does retention's removals. IOError when the write
+  /// queue cannot be created.
   static Result<std::unique_ptr<SaveGraph>> Create(const EngineOptions& options, unsigned threads,
                                                    StagingPool* staging, io::FileSystem* fs,
-                                                   CheckpointManager* manager, DoneFn on_done);
+                                                   CheckpointManager* manager, SpareFiles* spares,
+                                                   DoneFn on_done);
   /// Waits for every save, then stops the commit thread and the queue.
   ~SaveGraph();
   SaveGraph(const SaveGraph&) = delete;

@@ -92,13 +92,14 @@ std::string CheckpointManager::Describe(const std::string& name) const {
   return step ? "step " + std::to_string(*step) + " (" + path + ")" : path;
 }
 
-bool CheckpointManager::RemoveRenamed() {
+bool CheckpointManager::RemoveRenamed(const std::function<bool(const std::string& path)>& keep) {
   std::vector<std::pair<std::string, std::string>> renamed;
   {
     std::lock_guard lock(mu_);
     renamed.swap(renamed_);
   }
   for (const auto& [name, path] : renamed) {
+    if (keep && keep(path)) continue;
     std::string failure;
     try {
       const io::IoStatus removed = fs_->remove_tree(path);

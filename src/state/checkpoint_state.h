@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -215,8 +216,10 @@ class CheckpointManager {
                                         OwnDrop own = OwnDrop::kNow);
   /// Removes the trees that RecordCommittedLeavingRemovals renamed, outside the manager's lock
   /// (a commit may record meanwhile). A failure is logged and counted in retention_failures();
-  /// the next Start removes what is left. True when there was anything to remove.
-  bool RemoveRenamed();
+  /// the next Start removes what is left. True when there was anything to remove. `keep`, when
+  /// given, is offered each renamed tree's path first; a tree it returns true for is its own
+  /// (the engine's spare data files, src/engine/spare_files.h) and is not removed here.
+  bool RemoveRenamed(const std::function<bool(const std::string& path)>& keep = {});
   /// Whether RecordCommittedLeavingRemovals left trees for RemoveRenamed.
   bool HasRenamed() const;
   /// Removes what RecordCommittedLeavingRemovals left (RemoveRenamed).
