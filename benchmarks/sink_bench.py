@@ -17,7 +17,7 @@ Per state size (8 float32 tensors unless said otherwise):
             one is durable at half fio's speed before the next is due, --step_ms 100); beside
             fio's buffered write + fsync of the same bytes to the same tmpfs, and each save's
             memcpy
-  unpaced   issue 33's run, the headline: train-sim --step_ms 0 --save_steps 5 --steps 20
+  unpaced   issue 33's run, the headline: train-sim --step_ms 0 --save_steps 5 --steps 40
             (saves as fast as the update allows, nothing hides a slow sink) on tmpfs and on the
             disk (O_DIRECT) in turn, and fio's buffered write + fsync of a new file
             (--fallocate=none) into the same tmpfs while the same update runs (train-sim
@@ -172,8 +172,13 @@ def measure_tmpfs(args, size, out):
            f"{fmt_mb(out['tmpfs']['persist_bps'])}")
 
 
-UNPACED_SAVE_STEPS = 5  # issue 33's run: a save every 5 unpaced steps, 20 steps
-UNPACED_STEPS = 20
+UNPACED_SAVE_STEPS = 5  # issue 33's run: a save every 5 unpaced steps
+UNPACED_STEPS = 40  # issue 33 named 20; 40 adds the steady state below
+# The saves at steps 0, 5 and 10 grow the directory to the max_to_keep (2) + 1 checkpoints it
+# holds from then on; from the fourth on, retention drops one per save, and on tmpfs the next save
+# writes over its data files (src/engine/spare_files.h). A job spends its life in that steady
+# state, so both medians are printed: over every save, and over the saves after these.
+UNPACED_WARMUP_SAVES = 3
 
 
 def unpaced(args):
@@ -223,8 +228,16 @@ def durable_median(m):
     return statistics.median(saves) if saves else None
 
 
+def steady(m):
+    """train-sim's figures with only the saves after the warm-up (UNPACED_WARMUP_SAVES)."""
+    saves = [s for s in m.get("saves", []) if s.get("ok")]
+    return {"saves": saves[UNPACED_WARMUP_SAVES:]}
+
+
 def unpaced_summary(m):
     return {"persist_bps": persist(m), "durable_s": durable_median(m),
+            "steady_durable_s": durable_median(steady(m)),
+            "steady_persist_bps": persist(steady(m)),
             "blocked_over_memcpy": m.get("blocked_over_memcpy_median"),
             "blocked_s": m.get("blocked_seconds_per_save_median"),
             "memcpy_s": m.get("state_memcpy_seconds"), "step_ms_p50": m.get("step_ms_p50"),
@@ -350,17 +363,28 @@ def targets(results):
                     f"{many['by_codec'][codec]['cores_used']:.2f}")
         u = r.get("unpaced") or {}
         ut, ud = u.get("tmpfs") or {}, u.get("disk") or {}
+        if ut.get("steady_durable_s") and ud.get("steady_durable_s"):
+            x = ut["steady_durable_s"] / ud["steady_durable_s"]
+            add(f"tmpfs unpaced, steady state (saves 4 on), time to durable / disk O_DIRECT, "
+                f"{size_key}", f"{x:.2f}", "<= 1.00", x <= 1.0,
+                f"{ut['steady_durable_s']:.2f} s / {ud['steady_durable_s']:.2f} s (medians)")
+        if ut.get("steady_persist_bps") and u.get("fio_write_beside_update_bps"):
+            x = ut["steady_persist_bps"] / u["fio_write_beside_update_bps"]
+            add(f"tmpfs unpaced, steady state (saves 4 on), persist / fio buffered write + fsync "
+                f"of a new file beside the update, {size_key}", f"{x:.2f}", ">= 0.80", x >= 0.8,
+                f"{fmt_mb(ut['steady_persist_bps'])} / "
+                f"{fmt_mb(u['fio_write_beside_update_bps'])}")
         if ut.get("durable_s") and ud.get("durable_s"):
             x = ut["durable_s"] / ud["durable_s"]
-            add(f"tmpfs unpaced, time to durable / disk O_DIRECT unpaced, {size_key}",
+            add(f"tmpfs unpaced, every save, time to durable / disk O_DIRECT unpaced, {size_key}",
                 f"{x:.2f}", "<= 1.00", x <= 1.0,
                 f"{ut['durable_s']:.2f} s / {ud['durable_s']:.2f} s (medians); step p50 "
                 f"{fmt(ut.get('step_ms_p50'), '.0f')} / {fmt(ud.get('step_ms_p50'), '.0f')} ms; "
                 f"load {fmt(u.get('load_at_start'), '.1f')}")
         if ut.get("persist_bps") and u.get("fio_write_beside_update_bps"):
             x = ut["persist_bps"] / u["fio_write_beside_update_bps"]
-            add(f"tmpfs unpaced, persist / fio buffered write + fsync of a new file beside the "
-                f"update, {size_key}", f"{x:.2f}", ">= 0.80", x >= 0.8,
+            add(f"tmpfs unpaced, every save, persist / fio buffered write + fsync of a new file "
+                f"beside the update, {size_key}", f"{x:.2f}", ">= 0.80", x >= 0.8,
                 f"{fmt_mb(ut['persist_bps'])} / {fmt_mb(u['fio_write_beside_update_bps'])}")
         if ut.get("blocked_over_memcpy") is not None:
             add(f"tmpfs unpaced, blocked / memcpy, {size_key}",
@@ -405,12 +429,15 @@ def markdown(report):
     for t in report["targets"]:
         lines.append(f"| {t['target']} | {t['value']} | {t['goal']} | "
                      f"{'met' if t['met'] else 'MISSED'} | {t['note']} |")
-    lines += ["", ("Unpaced (issue 33's run: --step_ms 0 --save_steps 5 --steps 20 --max_to_keep 2, "
-               "tmpfs then the disk with O_DIRECT, medians over the saves; fio's new-file write "
-               "into the same tmpfs while train-sim --saver none runs the same update):"), "",
-              ("| size | sink | time to durable s | persist MB/s | blocked / memcpy | step p50 ms | "
-               "per save: durable s (blocked s) | fio beside the update MB/s | load |"),
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", (f"Unpaced (issue 33's run: --step_ms 0 --save_steps 5 --steps {UNPACED_STEPS} "
+               "--max_to_keep 2, tmpfs then the disk with O_DIRECT, medians over the saves, and "
+               f"over the saves after the first {UNPACED_WARMUP_SAVES}, which grow the directory to "
+               "its steady size; fio's new-file write into the same tmpfs while train-sim "
+               "--saver none runs the same update):"), "",
+              ("| size | sink | time to durable s | steady state: durable s | persist MB/s | "
+               "blocked / memcpy | step p50 ms | per save: durable s (blocked s) | "
+               "fio beside the update MB/s | load |"),
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for size_key, r in report["results"].items():
         u = r.get("unpaced") or {}
         for sink in ("tmpfs", "disk"):
@@ -420,7 +447,7 @@ def markdown(report):
             per_save = ", ".join(f"{fmt(s['seconds_to_durable'])} ({fmt(s['blocked_seconds'])})"
                                  for s in x["saves"])
             lines.append(f"| {size_key} | {sink} | {fmt(x['durable_s'])} | "
-                         f"{fmt_mb(x['persist_bps'])} | {fmt(x['blocked_over_memcpy'])} | "
+                         f"{fmt(x.get('steady_durable_s'))} | {fmt_mb(x['persist_bps'])} | {fmt(x['blocked_over_memcpy'])} | "
                          f"{fmt(x['step_ms_p50'], '.0f')} | {per_save} | "
                          f"{fmt_mb(u.get('fio_write_beside_update_bps')) if sink == 'tmpfs' else '-'} | "
                          f"{fmt(u.get('load_at_start'), '.1f')} |")

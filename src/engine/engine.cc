@@ -84,7 +84,7 @@ class Engine::Impl {
   Status Start(CheckpointManager* manager, DoneFn on_done, unsigned threads) {
     RETURN_IF_ERROR(pool_.Prepare());
     RegisterStaging();
-    if (!sharded()) spares_ = std::make_unique<SpareFiles>(fs_, options_.saver.checkpoint_dir);
+    if (!sharded()) spares_ = std::make_unique<SpareFiles>(fs_);
     ASSIGN_OR_RETURN(graph_, SaveGraph::Create(options_, threads, &pool_, fs_, manager,
                                                spares_.get(), std::move(on_done)));
     return Status::OK();

@@ -472,8 +472,7 @@ void SaveGraph::Impl::Commit(const SavePtr& save) {
   }
   Report(*save, committed);
   // Reported durable first: retention only renamed what it dropped (the crash-safe step).
-  if (committed && !sharded() && (manager_->HasRenamed() || (spares_ && spares_->Wanted())))
-    remover_->Ask();
+  if (committed && !sharded() && manager_->HasRenamed()) remover_->Ask();
   LeaveFlight();
 }
 
@@ -495,9 +494,7 @@ bool SaveGraph::Impl::CommitFiles(SaveJob& save) {
                         .wall_time = save.metadata.wall_time,
                         .score = ScoreOf(save)};
   if (spares_ && !save.files.empty() && save.files[0]->in_memory()) {
-    std::vector<uint64_t> sizes;
-    for (uint32_t i = 0; i < save.files.size(); ++i) sizes.push_back(save.placer->logical_end(i));
-    spares_->NoteSave(save.final_name, std::move(sizes));
+    spares_->NoteSave(static_cast<uint32_t>(save.files.size()));
   }
   for (uint32_t i = 0; i < save.files.size(); ++i) {
     request.data_files.push_back(

@@ -39,9 +39,9 @@ class SaveGraph {
 
   /// `options` (the engine's), `staging` (the saves' pool: packs are charged to it until
   /// written), `fs`, `manager` and `spares` are borrowed and must outlive the graph. `threads`:
-  /// the arena's workers, and the pace of the level heuristic. `spares` (null: none) learns each
-  /// committed in-memory save's data files and does retention's removals. IOError when the write
-  /// queue cannot be created.
+  /// the arena's workers, and the pace of the level heuristic. `spares` (null: none) learns of each
+  /// committed in-memory save's data files and does retention's removals, keeping a spare. IOError
+  /// when the write queue cannot be created.
   static Result<std::unique_ptr<SaveGraph>> Create(const EngineOptions& options, unsigned threads,
                                                    StagingPool* staging, io::FileSystem* fs,
                                                    CheckpointManager* manager, SpareFiles* spares,

@@ -43,16 +43,6 @@ class SpareFilesTest : public ::testing::Test {
     std::sort(names.begin(), names.end());
     return names;
   }
-  // The one ".deleting-" directory of dir_, or "" when there is none.
-  std::string SpareDir() const {
-    std::string found;
-    for (const std::string& name : Entries(dir_)) {
-      if (name.find(".deleting-") == std::string::npos) continue;
-      EXPECT_TRUE(found.empty()) << "a second spare: " << name;
-      found = dir_ + "/" + name;
-    }
-    return found;
-  }
   static void WriteFile(const std::string& path, size_t bytes) {
     std::ofstream(path) << std::string(bytes, 'x');
   }
@@ -76,49 +66,24 @@ class SpareFilesTest : public ::testing::Test {
 };
 
 TEST_F(SpareFilesTest, NothingIsKeptBeforeASaveIsNoted) {
-  SpareFiles spares(posix_.get(), dir_);
-  EXPECT_FALSE(spares.Wanted());
-  spares.Replenish();
+  SpareFiles spares(posix_.get());
   const std::string tree = DroppedTree("model.ckpt-1.deleting-0123456789abcdef");
   EXPECT_FALSE(spares.Adopt(tree));
   EXPECT_EQ(Entries(tree), (std::vector<std::string>{kFile0, kFile1, "index"}));
+  EXPECT_FALSE(spares.held());
   fs::create_directory(dir_ + "/tmp");
   EXPECT_FALSE(spares.TakeInto(dir_ + "/tmp", 2));
   EXPECT_TRUE(Entries(dir_ + "/tmp").empty());
 }
 
-TEST_F(SpareFilesTest, ReplenishMakesFilesOfTheNotedSizesThatTheNextSaveTakesOver) {
-  SpareFiles spares(posix_.get(), dir_);
-  spares.NoteSave("model.ckpt-3", {4096, 10000});
-  EXPECT_TRUE(spares.Wanted());
-  spares.Replenish();
-  EXPECT_FALSE(spares.Wanted());
-  const std::string spare = SpareDir();
-  ASSERT_FALSE(spare.empty());
-  EXPECT_TRUE(fs::path(spare).filename().string().starts_with("model.ckpt-3.deleting-"));
-  EXPECT_EQ(Entries(spare), (std::vector<std::string>{kFile0, kFile1}));
-  EXPECT_EQ(fs::file_size(spare + "/" + kFile0), 4096u);
-  EXPECT_EQ(fs::file_size(spare + "/" + kFile1), 10000u);
-  const ino_t inode = Inode(spare + "/" + kFile1);
-
-  const std::string tmp = dir_ + "/model.ckpt-4.tmp-0123456789abcdef";
-  fs::create_directory(tmp);
-  ASSERT_TRUE(spares.TakeInto(tmp, 2));
-  EXPECT_EQ(Entries(tmp), (std::vector<std::string>{kFile0, kFile1}));
-  EXPECT_EQ(Inode(tmp + "/" + kFile1), inode);
-  EXPECT_EQ(SpareDir(), "");
-  EXPECT_TRUE(spares.Wanted());
-  EXPECT_FALSE(spares.TakeInto(tmp, 2));
-}
-
-TEST_F(SpareFilesTest, AdoptKeepsOnlyTheDataFilesOfADroppedCheckpoint) {
-  SpareFiles spares(posix_.get(), dir_);
-  spares.NoteSave("model.ckpt-2", {4096, 4096});
+TEST_F(SpareFilesTest, AdoptKeepsOnlyTheDataFilesThatTheNextSaveTakesOver) {
+  SpareFiles spares(posix_.get());
+  spares.NoteSave(2);
   const std::string tree = DroppedTree("model.ckpt-1.deleting-0123456789abcdef");
-  const ino_t inode = Inode(tree + "/" + kFile0);
+  const ino_t inode = Inode(tree + "/" + kFile1);
   ASSERT_TRUE(spares.Adopt(tree));
   EXPECT_EQ(Entries(tree), (std::vector<std::string>{kFile0, kFile1}));
-  EXPECT_FALSE(spares.Wanted());
+  EXPECT_EQ(spares.held(), tree);
   // One spare at a time: the next dropped tree is left to its remover.
   const std::string second = DroppedTree("model.ckpt-2.deleting-0123456789abcdef");
   EXPECT_FALSE(spares.Adopt(second));
@@ -127,55 +92,56 @@ TEST_F(SpareFilesTest, AdoptKeepsOnlyTheDataFilesOfADroppedCheckpoint) {
   const std::string tmp = dir_ + "/model.ckpt-3.tmp-0123456789abcdef";
   fs::create_directory(tmp);
   ASSERT_TRUE(spares.TakeInto(tmp, 2));
-  EXPECT_EQ(Inode(tmp + "/" + kFile0), inode);
+  EXPECT_EQ(Entries(tmp), (std::vector<std::string>{kFile0, kFile1}));
+  EXPECT_EQ(Inode(tmp + "/" + kFile1), inode);
   EXPECT_EQ(fs::file_size(tmp + "/" + kFile0), 5000u);  // the save trims it at its commit
   EXPECT_FALSE(fs::exists(tree));
+  EXPECT_FALSE(spares.held());
+  EXPECT_FALSE(spares.TakeInto(tmp, 2));
 }
 
 TEST_F(SpareFilesTest, AdoptRefusesATreeWithoutEveryDataFile) {
-  SpareFiles spares(posix_.get(), dir_);
-  spares.NoteSave("model.ckpt-2", {4096, 4096});
+  SpareFiles spares(posix_.get());
+  spares.NoteSave(2);
   const std::string tree = DroppedTree("model.ckpt-1.deleting-0123456789abcdef", false);
   EXPECT_FALSE(spares.Adopt(tree));
   EXPECT_EQ(Entries(tree), (std::vector<std::string>{kFile0, "index"}));
-  EXPECT_TRUE(spares.Wanted());
+  EXPECT_FALSE(spares.held());
 }
 
 TEST_F(SpareFilesTest, TakeIntoRefusesAnotherNumberOfDataFiles) {
-  SpareFiles spares(posix_.get(), dir_);
-  spares.NoteSave("model.ckpt-2", {4096, 4096});
-  spares.Replenish();
+  SpareFiles spares(posix_.get());
+  spares.NoteSave(2);
+  const std::string tree = DroppedTree("model.ckpt-1.deleting-0123456789abcdef");
+  ASSERT_TRUE(spares.Adopt(tree));
   const std::string tmp = dir_ + "/model.ckpt-3.tmp-0123456789abcdef";
   fs::create_directory(tmp);
   EXPECT_FALSE(spares.TakeInto(tmp, 3));
   EXPECT_TRUE(Entries(tmp).empty());
-  EXPECT_NE(SpareDir(), "");
+  EXPECT_EQ(spares.held(), tree);
+}
+
+TEST_F(SpareFilesTest, AFailedMoveLeavesTheSaveToTruncateWhatCameAndRemovesTheSpare) {
+  io::FaultInjectionFileSystem faulty(posix_.get());
+  SpareFiles spares(&faulty);
+  spares.NoteSave(2);
+  const std::string tree = DroppedTree("model.ckpt-1.deleting-0123456789abcdef");
+  ASSERT_TRUE(spares.Adopt(tree));
+  faulty.fail_ops_matching(kFile1, EIO, io::FaultOp::kRename);
+  const std::string tmp = dir_ + "/model.ckpt-3.tmp-0123456789abcdef";
+  fs::create_directory(tmp);
+  EXPECT_FALSE(spares.TakeInto(tmp, 2));
+  EXPECT_FALSE(fs::exists(tree));
+  EXPECT_FALSE(spares.held());
 }
 
 TEST_F(SpareFilesTest, TheSpareGoesWithItsOwner) {
   {
-    SpareFiles spares(posix_.get(), dir_);
-    spares.NoteSave("model.ckpt-2", {4096, 4096});
-    spares.Replenish();
-    ASSERT_NE(SpareDir(), "");
+    SpareFiles spares(posix_.get());
+    spares.NoteSave(2);
+    ASSERT_TRUE(spares.Adopt(DroppedTree("model.ckpt-1.deleting-0123456789abcdef")));
   }
   EXPECT_TRUE(Entries(dir_).empty());
-}
-
-TEST_F(SpareFilesTest, AFailedReplenishRemovesWhatItMadeAndStopsReplenishing) {
-  io::FaultInjectionFileSystem full(posix_.get());
-  full.fail_ops_matching(".deleting-", ENOSPC, io::FaultOp::kAllocate);
-  SpareFiles spares(&full, dir_);
-  spares.NoteSave("model.ckpt-2", {4096, 4096});
-  spares.Replenish();
-  EXPECT_TRUE(Entries(dir_).empty());
-  EXPECT_FALSE(spares.Wanted());
-  full.clear_faults();
-  spares.Replenish();
-  EXPECT_TRUE(Entries(dir_).empty());
-  // A dropped checkpoint still becomes a spare: it costs no allocation.
-  const std::string tree = DroppedTree("model.ckpt-1.deleting-0123456789abcdef");
-  EXPECT_TRUE(spares.Adopt(tree));
 }
 
 }  // namespace
