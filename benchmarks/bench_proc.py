@@ -1,6 +1,7 @@
 """What the benchmarks measure inside one process, in one place: peak RSS (VmHWM after a reset
 through /proc/self/clear_refs), a checkpoint's files dropped from the page cache, its bytes on
-disk, and an fsync of a file or directory. pytorch_bench, dcp_compare and peer_candidates use it.
+disk, and an fsync of a file or directory. pytorch_bench, dcp_compare, peer_candidates and
+jax_compare use it (scripts/gpu-check packs it beside jax_compare).
 """
 
 from __future__ import annotations

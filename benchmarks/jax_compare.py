@@ -39,6 +39,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_proc  # beside this script, here and in scripts/gpu-check's pack
+
 VARIANTS = ("orbax-standard", "asyncckpt-jax", "asyncckpt-orbax-handler")
 PLATFORMS = ("cpu", "gpu")
 MAX_DEVICES = 8
@@ -208,16 +211,13 @@ RUNNERS = {"orbax-standard": OrbaxStandard, "asyncckpt-jax": AsyncckptJax,
 
 
 def drop_page_cache(path):
-    """fsync, then POSIX_FADV_DONTNEED, every file under `path`: a restore then reads the disk,
-    whether the save wrote through the page cache (Orbax) or around it (O_DIRECT)."""
+    """fsync, then drop from the page cache, every file under `path`: a restore then reads the
+    disk, whether the save wrote through the page cache (Orbax) or around it (O_DIRECT). The
+    kernel keeps dirty pages, so the fsync comes first."""
     for root, _, files in os.walk(path):
         for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
+            bench_proc.fsync_path(os.path.join(root, name))
+    bench_proc.drop_page_cache(path)
 
 
 def child(args):
