@@ -1,6 +1,8 @@
 #include "src/cli/shard_job.h"
 
 #include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -12,6 +14,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include "asyncckpt/reader.h"
@@ -132,6 +135,27 @@ bool IsOpenMpiLauncher(pid_t pid) {
          launcher == "orted" || launcher == "prterun" || launcher == "prted";
 }
 
+// What this rank printed reaches the job's output only once the launcher has read it from the
+// rank's stderr pipe and written it out; a launcher ended before that drops it (CI lost a usage
+// error so). Bounded, since a launcher that stopped reading must still be ended.
+void WaitForStderrToBeRead(std::chrono::milliseconds limit) {
+  struct stat status {};
+  if (::fstat(STDERR_FILENO, &status) != 0 || !S_ISFIFO(status.st_mode)) return;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int pending = 0;
+  while (::ioctl(STDERR_FILENO, FIONREAD, &pending) == 0 && pending > 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // Read is not yet written: the launcher writes it out on its event loop's next turn.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+}
+
+// Whether `launcher` is still this process's parent and alive, so that ending it is still needed.
+bool LauncherStillThere(pid_t launcher) {
+  return ::getppid() == launcher && ::kill(launcher, 0) == 0;
+}
+
 }  // namespace
 
 bool ShardJobsSupported() { return true; }
@@ -141,16 +165,27 @@ bool ShardJobsSupported() { return true; }
 // exits 0), so a scheduler would record a failed job as done. mpirun ended by SIGTERM exits 1
 // and takes the job's processes with it; a remote rank's parent is its node's orted, whose loss
 // mpirun counts as a failure of the job.
-void MpiSession::FailTheLaunch() {
+void MpiSession::FailTheLaunch(std::chrono::milliseconds after_others) {
   const char* recovery = std::getenv("OMPI_MCA_orte_enable_recovery");
   if (recovery == nullptr || !McaTrue(recovery)) return;
   const pid_t launcher = ::getppid();
   if (!IsOpenMpiLauncher(launcher)) return;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  WaitForStderrToBeRead(std::chrono::seconds(2));
+  // The rank that printed the job's error ends the launcher; the others wait for it to, so that
+  // their SIGTERM cannot cut that rank's line off, and end it themselves only if it does not.
+  const auto deadline = std::chrono::steady_clock::now() + after_others;
+  while (LauncherStillThere(launcher) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!LauncherStillThere(launcher)) return;
   std::fprintf(stderr,
                "asyncckpt train-sim: the job failed under orte_enable_recovery, whose mpirun "
                "would exit 0; ending the launcher (pid %d) so that it exits non-zero\n",
                static_cast<int>(launcher));
   std::fflush(stderr);
+  WaitForStderrToBeRead(std::chrono::seconds(2));
   ::kill(launcher, SIGTERM);
 }
 
@@ -207,7 +242,7 @@ void MpiSession::Abort(int exit_code) {
   std::_Exit(exit_code);
 }
 
-void MpiSession::FailTheLaunch() {}
+void MpiSession::FailTheLaunch(std::chrono::milliseconds /*after_others*/) {}
 
 #endif
 

@@ -6,6 +6,7 @@
 // function here that takes a Coordinator is collective: every rank calls it, in the same order,
 // from the training thread (docs/distributed.md).
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -41,9 +42,11 @@ class MpiSession {
   /// would otherwise leave the others waiting in their next collective.
   [[noreturn]] void Abort(int exit_code);
   /// Makes a launcher that would report a failed job as a success exit non-zero: under Open
-  /// MPI's orte_enable_recovery, ends the local launcher (mpirun, or its orted) with SIGTERM.
-  /// Does nothing under any other launch, whose mpirun already sees the exit code.
-  void FailTheLaunch();
+  /// MPI's orte_enable_recovery, ends the local launcher (mpirun, or its orted) with SIGTERM,
+  /// once it has read what this process printed, and after giving another rank `after_others`
+  /// to end it first (the rank that printed the job's error). Does nothing under any other
+  /// launch, whose mpirun already sees the exit code.
+  void FailTheLaunch(std::chrono::milliseconds after_others = std::chrono::milliseconds(0));
 
  private:
   MpiSession() = default;

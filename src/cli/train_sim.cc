@@ -567,7 +567,11 @@ int TrainSimCommand(int argc, char** argv) {
     mpi = std::move(started).value();
   }
   const int exit_code = RunTrainSimCommand(flags, mpi.get());
-  if (exit_code != kExitOk && mpi != nullptr) mpi->FailTheLaunch();
+  if (exit_code != kExitOk && mpi != nullptr) {
+    // Rank 0 prints a usage error for every rank: it ends the launcher, the others wait for it.
+    const bool printed_by_lead = exit_code == kExitUsage && mpi->coordinator().rank() != 0;
+    mpi->FailTheLaunch(printed_by_lead ? std::chrono::seconds(3) : std::chrono::seconds(0));
+  }
   return exit_code;
 }
 
