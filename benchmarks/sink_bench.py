@@ -15,14 +15,15 @@ Per state size (8 float32 tensors unless said otherwise):
             the process got (cores used) and the rate per CPU-second
   tmpfs     train-sim, asynchronous hook, raw, checkpoints on tmpfs, paced (saves spaced so that
             one is durable at half fio's speed before the next is due, --step_ms 100); beside
-            fio's buffered write + fsync of the same bytes to the same tmpfs, and each save's
-            memcpy
+            fio's buffered write + fsync into the same tmpfs of as many new files as the run
+            holds (3: the speed the spacing takes), of one new file and of a preallocated one,
+            and each save's memcpy
   unpaced   issue 33's run, the headline: train-sim --step_ms 0 --save_steps 5 --steps 40
             (saves as fast as the update allows, nothing hides a slow sink) on tmpfs and on the
-            disk (O_DIRECT) in turn, and fio's buffered write + fsync of a new file
-            (--fallocate=none) into the same tmpfs while the same update runs (train-sim
-            --saver none): time to durable on tmpfs against the disk's, persist against fio's,
-            blocked against memcpy
+            disk (O_DIRECT) in turn, and fio's buffered write + fsync of new files
+            (--fallocate=none; 3, as much new memory as the run's saves take, then one) into the
+            same tmpfs while the same update runs (train-sim --saver none): time to durable on
+            tmpfs against the disk's, persist against fio's, blocked against memcpy
   disk      train-sim --saver none, then the asynchronous hook (raw, io_uring) on the disk with
             the training update running; beside fio's O_DIRECT write and read of the same
             bytes (io_uring, 1 MiB, QD 16); restore with asyncckpt restore-bench, page cache
@@ -78,18 +79,23 @@ def mean_ceiling(taken):
     return out
 
 
-def fio_job(directory, size, rw, direct, preallocate=True):
-    """One fio job over a fresh file in `directory`: MB/s as fio reports it, or None.
+def fio_job(directory, size, rw, direct, preallocate=True, files=1):
+    """One fio job over `files` fresh files of `size` bytes each in `directory`, written one
+    after the other: MB/s as fio reports it, or None.
 
     fio preallocates a file before it times the writes (fallocate); on tmpfs that allocates and
     zeroes every page outside the timed part, so the timed write only overwrites memory. A
     checkpoint writes new files, which allocate as they are written: `preallocate=False`
-    (--fallocate=none) measures that."""
+    (--fallocate=none) measures that. Several files take as much new memory as several saves
+    do ("New memory on this VM" in docs/benchmarks.md, tmpfs unpaced)."""
     target = os.path.join(directory, "fio.dat")
     engine = ["--ioengine=io_uring", f"--iodepth={FIO_QD}"] if direct else ["--ioengine=psync"]
-    cmd = ["fio", "--name=limit", f"--filename={target}", f"--rw={rw}", "--bs=1M",
-           f"--direct={1 if direct else 0}", f"--size={size}", "--end_fsync=1",
-           "--output-format=json"] + engine + ([] if preallocate else ["--fallocate=none"])
+    where = [f"--filename={target}", f"--size={size}"] if files == 1 else [
+        f"--directory={directory}", "--filename_format=fio.$filenum.dat", f"--nrfiles={files}",
+        f"--filesize={size}", f"--size={files * size}", "--file_service_type=sequential"]
+    cmd = ["fio", "--name=limit", f"--rw={rw}", "--bs=1M", f"--direct={1 if direct else 0}",
+           "--end_fsync=1", "--output-format=json"] + where + engine + (
+               [] if preallocate else ["--fallocate=none"])
     r = rb.run(cmd)
     try:
         if r.returncode != 0:
@@ -99,8 +105,10 @@ def fio_job(directory, size, rw, direct, preallocate=True):
     except (ValueError, KeyError, IndexError):
         return None
     finally:
-        if (rw == "read" or not direct) and os.path.exists(target):
-            os.remove(target)
+        if rw == "read" or not direct:
+            for name in os.listdir(directory):
+                if name.startswith("fio.") and name.endswith(".dat"):
+                    os.remove(os.path.join(directory, name))
 
 
 def fio_pair(directory, size):
@@ -153,16 +161,23 @@ def tmpfs_fits(size):
 
 def measure_tmpfs(args, size, out):
     """train-sim with its checkpoints on tmpfs beside fio's buffered write there."""
+    fio_footprint = fio_job(args.shm_dir, size, "write", False, preallocate=False,
+                            files=TMPFS_CHECKPOINTS)
     fio_shm = fio_job(args.shm_dir, size, "write", False, preallocate=False)
     fio_shm_overwrite = fio_job(args.shm_dir, size, "write", False)
-    rb.log(f"    fio buffered write + fsync of a new file {fmt_mb(fio_shm)} "
+    rb.log(f"    fio buffered write + fsync of {TMPFS_CHECKPOINTS} new files "
+           f"{fmt_mb(fio_footprint)}, of one {fmt_mb(fio_shm)} "
            f"(into a preallocated one: {fmt_mb(fio_shm_overwrite)})")
-    save_steps, steps = calibrate(args, size, 8, fio_shm or 1e9, "shm", args.shm_dir)
+    # Spaced by what the sink gives the run's saves: new memory for TMPFS_CHECKPOINTS of them,
+    # which a VM whose host took freed memory back gives far slower than one file's worth.
+    save_steps, steps = calibrate(args, size, 8, fio_footprint or fio_shm or 1e9, "shm",
+                                  args.shm_dir)
     shm_args = copy.copy(args)
     shm_args.restore_runs = 1
     m = run_train_sim(shm_args, size, 8, "async-uring", save_steps, steps, "shm-async",
                       args.shm_dir)
     out["tmpfs"] = {"fio_write_bps": fio_shm, "fio_overwrite_bps": fio_shm_overwrite,
+                    "fio_footprint_bps": fio_footprint,
                     "persist_bps": persist(m),
                     "blocked_over_memcpy": m.get("blocked_over_memcpy_median"),
                     "blocked_s": m.get("blocked_seconds_per_save_median"),
@@ -199,9 +214,10 @@ def resident_bytes(pid):
 
 
 def fio_beside_update(args, size):
-    """fio's buffered write + fsync of a new file into tmpfs while train-sim --saver none runs the
-    same unpaced update (started first; fio begins once the state is resident and a second of
-    steps has run; the update is stopped after fio ends)."""
+    """fio's buffered write + fsync into tmpfs while train-sim --saver none runs the same unpaced
+    update (started first; fio begins once the state is resident and a second of steps has run;
+    the update is stopped after fio ends): of TMPFS_CHECKPOINTS new files, as much new memory as
+    the unpaced run's saves take, then of one new file. MB/s of each, in that order."""
     ckpt = os.path.join(args.bench_dir, "ckpt-update")
     cmd = [args.cli, "train-sim", f"--model_bytes={size}", "--optimizer=sgd", "--tensors=8",
            "--steps=100000", "--step_ms=0", "--saver=none", f"--checkpoint_dir={ckpt}",
@@ -216,7 +232,11 @@ def fio_beside_update(args, size):
         time.sleep(1.0)
         if update.poll() is not None:
             raise SystemExit(f"sink_bench: the update ended early ({' '.join(cmd)})")
-        return fio_job(args.shm_dir, size, "write", False, preallocate=False)
+        footprint = fio_job(args.shm_dir, size, "write", False, preallocate=False,
+                            files=TMPFS_CHECKPOINTS)
+        if update.poll() is not None:
+            raise SystemExit(f"sink_bench: the update ended early ({' '.join(cmd)})")
+        return footprint, fio_job(args.shm_dir, size, "write", False, preallocate=False)
     finally:
         update.terminate()
         update.wait()
@@ -254,9 +274,10 @@ def measure_unpaced(args, size, out):
                         "unpaced-shm", args.shm_dir)
     disk = run_train_sim(a, size, 8, "async-uring", UNPACED_SAVE_STEPS, UNPACED_STEPS,
                          "unpaced-disk")
-    fio_update = fio_beside_update(a, size)
+    fio_footprint, fio_update = fio_beside_update(a, size)
     out["unpaced"] = {"tmpfs": unpaced_summary(shm), "disk": unpaced_summary(disk),
-                      "fio_write_beside_update_bps": fio_update, "load_at_start": load,
+                      "fio_write_beside_update_bps": fio_update,
+                      "fio_footprint_beside_update_bps": fio_footprint, "load_at_start": load,
                       "command": shm.get("command")}
     t, d = out["unpaced"]["tmpfs"], out["unpaced"]["disk"]
     rb.log(f"    unpaced tmpfs: durable {fmt(t['durable_s'])} s, persist {fmt_mb(t['persist_bps'])}"
@@ -265,7 +286,8 @@ def measure_unpaced(args, size, out):
     rb.log(f"    unpaced disk:  durable {fmt(d['durable_s'])} s, persist {fmt_mb(d['persist_bps'])}"
            f", blocked {fmt(d['blocked_over_memcpy'])} x memcpy, step p50 "
            f"{fmt(d['step_ms_p50'], '.0f')} ms")
-    rb.log(f"    fio buffered write + fsync of a new file beside the update {fmt_mb(fio_update)}")
+    rb.log(f"    fio buffered write + fsync beside the update: {TMPFS_CHECKPOINTS} new files "
+           f"{fmt_mb(fio_footprint)}, one {fmt_mb(fio_update)}")
 
 
 def measure_size(args, size):
@@ -380,12 +402,15 @@ def targets(results):
                 f"{x:.2f}", "<= 1.00", x <= 1.0,
                 f"{ut['durable_s']:.2f} s / {ud['durable_s']:.2f} s (medians); step p50 "
                 f"{fmt(ut.get('step_ms_p50'), '.0f')} / {fmt(ud.get('step_ms_p50'), '.0f')} ms; "
-                f"load {fmt(u.get('load_at_start'), '.1f')}")
-        if ut.get("persist_bps") and u.get("fio_write_beside_update_bps"):
-            x = ut["persist_bps"] / u["fio_write_beside_update_bps"]
-            add(f"tmpfs unpaced, every save, persist / fio buffered write + fsync of a new file "
-                f"beside the update, {size_key}", f"{x:.2f}", ">= 0.80", x >= 0.8,
-                f"{fmt_mb(ut['persist_bps'])} / {fmt_mb(u['fio_write_beside_update_bps'])}")
+                f"load {fmt(u.get('load_at_start'), '.1f')}; the first saves take new memory, "
+                f"which fio writes at {fmt_mb(u.get('fio_footprint_beside_update_bps'))}")
+        if ut.get("persist_bps") and u.get("fio_footprint_beside_update_bps"):
+            x = ut["persist_bps"] / u["fio_footprint_beside_update_bps"]
+            add(f"tmpfs unpaced, every save, persist / fio buffered write + fsync of "
+                f"{TMPFS_CHECKPOINTS} new files beside the update, {size_key}", f"{x:.2f}",
+                ">= 0.80", x >= 0.8,
+                f"{fmt_mb(ut['persist_bps'])} / {fmt_mb(u['fio_footprint_beside_update_bps'])}; "
+                f"of one new file {fmt_mb(u.get('fio_write_beside_update_bps'))}")
         if ut.get("blocked_over_memcpy") is not None:
             add(f"tmpfs unpaced, blocked / memcpy, {size_key}",
                 f"{ut['blocked_over_memcpy']:.2f}", "<= 1.20", ut["blocked_over_memcpy"] <= 1.2,
@@ -394,12 +419,14 @@ def targets(results):
         if t.get("blocked_over_memcpy") is not None:
             add(f"tmpfs paced, blocked / memcpy, {size_key}", f"{t['blocked_over_memcpy']:.2f}",
                 "<= 1.20", t["blocked_over_memcpy"] <= 1.2)
-        if t.get("persist_bps") and t.get("fio_write_bps"):
-            x = t["persist_bps"] / t["fio_write_bps"]
-            add(f"tmpfs paced, persist / fio buffered write + fsync of a new file, {size_key}",
-                f"{x:.2f}", ">= 0.80", x >= 0.8,
-                f"{fmt_mb(t['persist_bps'])} / {fmt_mb(t['fio_write_bps'])}; into a "
-                f"preallocated file {fmt_mb(t.get('fio_overwrite_bps'))}")
+        if t.get("persist_bps") and t.get("fio_footprint_bps"):
+            # The paced run's 4 saves write TMPFS_CHECKPOINTS checkpoints into new memory.
+            x = t["persist_bps"] / t["fio_footprint_bps"]
+            add(f"tmpfs paced, persist / fio buffered write + fsync of {TMPFS_CHECKPOINTS} new "
+                f"files, {size_key}", f"{x:.2f}", ">= 0.80", x >= 0.8,
+                f"{fmt_mb(t['persist_bps'])} / {fmt_mb(t['fio_footprint_bps'])}; of one new file "
+                f"{fmt_mb(t['fio_write_bps'])}; into a preallocated file "
+                f"{fmt_mb(t.get('fio_overwrite_bps'))}")
         d = r["disk"]
         if d.get("persist_over_limit") is not None:
             add(f"disk, update running, persist / fio O_DIRECT write, {size_key}",
@@ -419,6 +446,11 @@ def targets(results):
     return rows
 
 
+def fio_pair_text(unpaced_run):
+    return (f"{fmt_mb(unpaced_run.get('fio_footprint_beside_update_bps'))} / "
+            f"{fmt_mb(unpaced_run.get('fio_write_beside_update_bps'))}")
+
+
 def markdown(report):
     lines = [f"# asyncckpt bench, the engine at the speed of any sink, {report['machine']['date']}", "",
              f"Machine: {rb.describe_machine(report['machine'])}; tmpfs: {report['shm_dir']}.",
@@ -432,11 +464,12 @@ def markdown(report):
     lines += ["", (f"Unpaced (issue 33's run: --step_ms 0 --save_steps 5 --steps {UNPACED_STEPS} "
                "--max_to_keep 2, tmpfs then the disk with O_DIRECT, medians over the saves, and "
                f"over the saves after the first {UNPACED_WARMUP_SAVES}, which grow the directory to "
-               "its steady size; fio's new-file write into the same tmpfs while train-sim "
-               "--saver none runs the same update):"), "",
+               "its steady size; fio's new-file writes into the same tmpfs while train-sim "
+               f"--saver none runs the same update: {TMPFS_CHECKPOINTS} files, as much new "
+               "memory as those saves take, and one):"), "",
               ("| size | sink | time to durable s | steady state: durable s | persist MB/s | "
                "blocked / memcpy | step p50 ms | per save: durable s (blocked s) | "
-               "fio beside the update MB/s | load |"),
+               f"fio beside the update, {TMPFS_CHECKPOINTS} new files / one MB/s | load |"),
               "|---|---|---|---|---|---|---|---|---|---|"]
     for size_key, r in report["results"].items():
         u = r.get("unpaced") or {}
@@ -449,7 +482,7 @@ def markdown(report):
             lines.append(f"| {size_key} | {sink} | {fmt(x['durable_s'])} | "
                          f"{fmt(x.get('steady_durable_s'))} | {fmt_mb(x['persist_bps'])} | {fmt(x['blocked_over_memcpy'])} | "
                          f"{fmt(x['step_ms_p50'], '.0f')} | {per_save} | "
-                         f"{fmt_mb(u.get('fio_write_beside_update_bps')) if sink == 'tmpfs' else '-'} | "
+                         f"{fio_pair_text(u) if sink == 'tmpfs' else '-'} | "
                          f"{fmt(u.get('load_at_start'), '.1f')} |")
     skipped = [k for k, r in report["results"].items() if not r.get("unpaced")]
     if skipped:
