@@ -164,8 +164,11 @@ bool ShardJobsSupported() { return true; }
 // however they abort (measured: `mpirun --mca orte_enable_recovery 1 -np 2 sh -c 'exit 3'`
 // exits 0), so a scheduler would record a failed job as done. mpirun ended by SIGTERM exits 1
 // and takes the job's processes with it; a remote rank's parent is its node's orted, whose loss
-// mpirun counts as a failure of the job.
-void MpiSession::FailTheLaunch(std::chrono::milliseconds after_others) {
+// mpirun counts as a failure of the job. This process then ends without MPI_Finalize: a rank in
+// MPI_Finalize while mpirun aborts left mpirun deadlocked in PMIx_server_finalize, its ranks
+// reaped and SIGTERM no longer heard (seen under ASan, about one run in eight on a loaded
+// machine).
+void MpiSession::FailTheLaunch(int exit_code, std::chrono::milliseconds after_others) {
   const char* recovery = std::getenv("OMPI_MCA_orte_enable_recovery");
   if (recovery == nullptr || !McaTrue(recovery)) return;
   const pid_t launcher = ::getppid();
@@ -179,14 +182,16 @@ void MpiSession::FailTheLaunch(std::chrono::milliseconds after_others) {
   while (LauncherStillThere(launcher) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  if (!LauncherStillThere(launcher)) return;
-  std::fprintf(stderr,
-               "asyncckpt train-sim: the job failed under orte_enable_recovery, whose mpirun "
-               "would exit 0; ending the launcher (pid %d) so that it exits non-zero\n",
-               static_cast<int>(launcher));
-  std::fflush(stderr);
-  WaitForStderrToBeRead(std::chrono::seconds(2));
-  ::kill(launcher, SIGTERM);
+  if (LauncherStillThere(launcher)) {
+    std::fprintf(stderr,
+                 "asyncckpt train-sim: the job failed under orte_enable_recovery, whose mpirun "
+                 "would exit 0; ending the launcher (pid %d) so that it exits non-zero\n",
+                 static_cast<int>(launcher));
+    std::fflush(stderr);
+    WaitForStderrToBeRead(std::chrono::seconds(2));
+    ::kill(launcher, SIGTERM);
+  }
+  std::_Exit(exit_code);
 }
 
 Result<std::unique_ptr<MpiSession>> MpiSession::Start(double timeout_seconds) {
@@ -219,7 +224,7 @@ MpiSession::~MpiSession() {
 void MpiSession::Abort(int exit_code) {
   std::fflush(stdout);
   std::fflush(stderr);
-  FailTheLaunch();
+  FailTheLaunch(exit_code);
   MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);  // MPI_Abort does not return; this keeps [[noreturn]] honest
 }
@@ -242,7 +247,7 @@ void MpiSession::Abort(int exit_code) {
   std::_Exit(exit_code);
 }
 
-void MpiSession::FailTheLaunch(std::chrono::milliseconds /*after_others*/) {}
+void MpiSession::FailTheLaunch(int /*exit_code*/, std::chrono::milliseconds /*after_others*/) {}
 
 #endif
 

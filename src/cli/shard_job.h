@@ -44,9 +44,11 @@ class MpiSession {
   /// Makes a launcher that would report a failed job as a success exit non-zero: under Open
   /// MPI's orte_enable_recovery, ends the local launcher (mpirun, or its orted) with SIGTERM,
   /// once it has read what this process printed, and after giving another rank `after_others`
-  /// to end it first (the rank that printed the job's error). Does nothing under any other
-  /// launch, whose mpirun already sees the exit code.
-  void FailTheLaunch(std::chrono::milliseconds after_others = std::chrono::milliseconds(0));
+  /// to end it first (the rank that printed the job's error); then ends this process with
+  /// `exit_code`, without MPI_Finalize. Returns at once under any other launch, whose mpirun
+  /// already sees the exit code.
+  void FailTheLaunch(int exit_code,
+                     std::chrono::milliseconds after_others = std::chrono::milliseconds(0));
 
  private:
   MpiSession() = default;

@@ -570,7 +570,8 @@ int TrainSimCommand(int argc, char** argv) {
   if (exit_code != kExitOk && mpi != nullptr) {
     // Rank 0 prints a usage error for every rank: it ends the launcher, the others wait for it.
     const bool printed_by_lead = exit_code == kExitUsage && mpi->coordinator().rank() != 0;
-    mpi->FailTheLaunch(printed_by_lead ? std::chrono::seconds(3) : std::chrono::seconds(0));
+    mpi->FailTheLaunch(exit_code,
+                       printed_by_lead ? std::chrono::seconds(3) : std::chrono::seconds(0));
   }
   return exit_code;
 }
